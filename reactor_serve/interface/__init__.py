@@ -1,0 +1,38 @@
+"""What model authors import. Also importable as `reactor_runtime.interface`."""
+
+from reactor_serve.interface.context import SessionContext, get_ctx
+from reactor_serve.interface.events import command, connected, disconnected, event
+from reactor_serve.interface.legacy import ModelConfig, VideoModel, model
+from reactor_serve.interface.messages import ModelMessage
+from reactor_serve.interface.model import (
+    BufferClosed,
+    Idle,
+    ReactorModel,
+    ReactorPipeline,
+)
+from reactor_serve.interface.state import InputField, InputRejected, InputState
+from reactor_serve.interface.tracks import Audio, Input, Output, Video
+
+__all__ = [
+    "Audio",
+    "BufferClosed",
+    "Idle",
+    "Input",
+    "InputField",
+    "InputRejected",
+    "InputState",
+    "ModelConfig",
+    "ModelMessage",
+    "Output",
+    "ReactorModel",
+    "ReactorPipeline",
+    "SessionContext",
+    "Video",
+    "VideoModel",
+    "command",
+    "connected",
+    "disconnected",
+    "event",
+    "get_ctx",
+    "model",
+]

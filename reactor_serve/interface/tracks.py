@@ -1,0 +1,101 @@
+"""Media tracks: the `Video` and `Audio` markers and the `Input` / `Output` bases.
+
+A model declares its tracks as dataclass fields annotated with `Video` or `Audio`
+(or a subclass of them). The field name is the track name clients see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["Audio", "Input", "Output", "TrackDecl", "Video", "declared_tracks"]
+
+
+class Video:
+    """A video track. Frames are `(H, W, 3)` uint8 RGB; a batch is `(N, H, W, 3)`."""
+
+    kind: Literal["video"] = "video"
+
+
+class Audio:
+    """An audio track. Samples are int16 `(channels, samples)`.
+
+    Subclass it and set `sample_rate` when the model produces audio at another rate
+    than 48 kHz; the runtime resamples to 48 kHz for the wire.
+    """
+
+    kind: Literal["audio"] = "audio"
+    sample_rate: int = 48000
+    channels: int = 1
+
+
+@dataclass
+class Input:
+    """Base of a model's input tracks. Each field becomes an input buffer."""
+
+
+@dataclass
+class Output:
+    """Base of a model's output tracks. Each field carries one track's frames."""
+
+
+@dataclass(frozen=True)
+class TrackDecl:
+    """One declared track: its name, kind and the marker class it was declared with."""
+
+    name: str
+    kind: Literal["video", "audio"]
+    marker: type
+
+    @property
+    def sample_rate(self) -> int:
+        return int(getattr(self.marker, "sample_rate", 48000))
+
+    @property
+    def channels(self) -> int:
+        return int(getattr(self.marker, "channels", 1))
+
+
+def declared_tracks(cls: type) -> list[TrackDecl]:
+    """The tracks an `Input` or `Output` dataclass declares, in field order.
+
+    Raises TypeError naming the field when a field is not annotated with a track type.
+    """
+    hints = _resolved_hints(cls)
+    fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else []
+    names = [f.name for f in fields] or [n for n in hints if not n.startswith("_")]
+    tracks: list[TrackDecl] = []
+    for name in names:
+        marker = hints.get(name)
+        if isinstance(marker, type) and issubclass(marker, Video):
+            tracks.append(TrackDecl(name, "video", marker))
+        elif isinstance(marker, type) and issubclass(marker, Audio):
+            tracks.append(TrackDecl(name, "audio", marker))
+        else:
+            raise TypeError(
+                f"{cls.__qualname__}.{name}: a track field must be annotated with Video or "
+                f"Audio (or a subclass), got {marker!r}"
+            )
+    return tracks
+
+
+def _resolved_hints(cls: type) -> dict[str, Any]:
+    # Model files may use `from __future__ import annotations`, so annotations can be
+    # strings; resolve them in the defining module's namespace.
+    module = sys.modules.get(cls.__module__)
+    globalns = dict(vars(module)) if module else {}
+    globalns.setdefault("Video", Video)
+    globalns.setdefault("Audio", Audio)
+    try:
+        return typing.get_type_hints(cls, globalns=globalns)
+    except Exception:
+        hints: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            hints.update(getattr(klass, "__annotations__", {}))
+        return {
+            k: (globalns.get(v, v) if isinstance(v, str) else v) for k, v in hints.items()
+        }

@@ -1,0 +1,160 @@
+"""`EmissionClock`: presents one frame per tick, evenly spaced, on the media loop.
+
+The tick rate is `fps_eff = min(target fps, measured production rate)`, nudged by the
+supply margin: when frames are still queued as the next ones arrive, latency is
+building, so tick slightly faster; when the queue ran dry, tick slightly slower. The
+nudge is small and bounded, so intervals stay even while the buffer settles at about
+one frame of cushion. An empty queue holds the last frame; before the first frame and
+after a flush the client sees black. Timestamps come from the slots, not from when
+the consumer happened to ask: 90 kHz for video, 48 kHz for audio, one clock for both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from reactor_serve.interface.tracks import TrackDecl
+from reactor_serve.runtime.frames import black_frame
+from reactor_serve.runtime.output_buffer import OutputBuffer
+
+__all__ = ["EmissionClock", "PresentedFrame", "VIDEO_CLOCK_RATE", "AUDIO_CLOCK_RATE"]
+
+VIDEO_CLOCK_RATE = 90_000
+AUDIO_CLOCK_RATE = 48_000
+
+
+@dataclass(slots=True)
+class PresentedFrame:
+    """What the client is shown at one slot."""
+
+    video: dict[str, np.ndarray]
+    audio: dict[str, np.ndarray]
+    pts: int
+    audio_pts: int
+    slot: float
+    is_new: bool
+    emitted_at: float | None
+    seq: int | None
+    fps: float
+
+
+class EmissionClock:
+    """Paces an `OutputBuffer` to one client. Not thread-safe: one consumer."""
+
+    # Frames of cushion the buffer settles at when the next frames arrive.
+    MARGIN_GOAL = 1.0
+    # Seconds over which excess (or missing) cushion is worked off; and the largest
+    # relative speed-up or slow-down that correction may apply.
+    CORRECTION_HORIZON_S = 2.0
+    MAX_CORRECTION = 0.08
+    MIN_FPS = 1.0
+    # The event loop's timers wake with millisecond granularity (epoll), which alone
+    # would add up to 1 ms of jitter per frame. The last stretch before a slot is slept
+    # with time.sleep (nanosecond timer) instead, blocking the loop for at most this.
+    FINE_SLEEP_S = 0.0015
+
+    def __init__(
+        self,
+        buffer: OutputBuffer,
+        tracks: Sequence[TrackDecl],
+        clock: Callable[[], float] = time.monotonic,
+        default_size: tuple[int, int] = (480, 640),
+    ) -> None:
+        self.buffer = buffer
+        self.clock = clock
+        self.video_tracks = [t.name for t in tracks if t.kind == "video"]
+        self.audio_tracks = [t.name for t in tracks if t.kind == "audio"]
+        self._default_size = default_size
+        self._last: dict[str, np.ndarray] = {}
+        self._flushes_seen = buffer.flushes
+        self._start: float | None = None
+        self._next_slot: float | None = None
+        self._fps = buffer.target_fps
+        self.presented = 0
+        self.new_frames = 0
+
+    @property
+    def fps(self) -> float:
+        """The effective rate of the most recent tick."""
+        return self._fps
+
+    @property
+    def next_slot(self) -> float | None:
+        return self._next_slot
+
+    def effective_fps(self) -> float:
+        """The rate for the next interval, from the target, the measured production
+        rate and the supply margin."""
+        target = self.buffer.target_fps
+        rate = self.buffer.rate.rate()
+        if rate is None:
+            return target
+        margin = self.buffer.margin()
+        correction = 0.0
+        if margin is not None:
+            correction = (margin - self.MARGIN_GOAL) / (rate * self.CORRECTION_HORIZON_S)
+            correction = max(-self.MAX_CORRECTION, min(self.MAX_CORRECTION, correction))
+        return max(self.MIN_FPS, min(target, rate * (1.0 + correction)))
+
+    async def next_frame(self) -> PresentedFrame:
+        """Wait for the next slot and present it."""
+        if self._next_slot is not None:
+            delay = self._next_slot - self.clock()
+            if delay > self.FINE_SLEEP_S:
+                await asyncio.sleep(delay - self.FINE_SLEEP_S)
+                delay = self._next_slot - self.clock()
+            if delay > 0:
+                time.sleep(delay)
+        return self.present()
+
+    def present(self) -> PresentedFrame:
+        """Present the slot that is due now and schedule the next one."""
+        now = self.clock()
+        if self._next_slot is None:
+            self._start = self._next_slot = now
+        slot = self._next_slot
+        assert self._start is not None
+        interval_fps = self.effective_fps()
+        self._fps = interval_fps
+        interval = 1.0 / interval_fps
+        following = slot + interval
+        if now - following > interval:
+            # The consumer fell more than a tick behind: skip ahead rather than burst.
+            following = now + interval
+        self._next_slot = following
+
+        if self.buffer.flushes != self._flushes_seen:
+            self._flushes_seen = self.buffer.flushes
+            self._last = {
+                name: black_frame(*frame.shape[:2]) for name, frame in self._last.items()
+            }
+        item = self.buffer.take()
+        video: dict[str, np.ndarray] = {}
+        audio: dict[str, np.ndarray] = {}
+        if item is not None:
+            self._last.update(item.video)
+            audio = item.audio
+            self.new_frames += 1
+        for name in self.video_tracks:
+            frame = self._last.get(name)
+            if frame is None:
+                frame = black_frame(*self._default_size)
+            video[name] = frame
+        elapsed = slot - self._start
+        self.presented += 1
+        return PresentedFrame(
+            video=video,
+            audio=audio,
+            pts=round(elapsed * VIDEO_CLOCK_RATE),
+            audio_pts=round(elapsed * AUDIO_CLOCK_RATE),
+            slot=slot,
+            is_new=item is not None,
+            emitted_at=item.emitted_at if item is not None else None,
+            seq=item.seq if item is not None else None,
+            fps=interval_fps,
+        )

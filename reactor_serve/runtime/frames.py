@@ -1,0 +1,99 @@
+"""Frame and audio validation: what a model emits, checked and normalised without copies.
+
+Video is `(H, W, 3)` or `(N, H, W, 3)` uint8 RGB, as a numpy array or a torch tensor
+on any device. Audio is int16 `(channels, samples)`. Anything else raises
+`FrameError` naming what was given and what is expected.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FrameError", "as_array", "audio_chunk", "black_frame", "video_batch"]
+
+
+class FrameError(ValueError):
+    """A frame or audio chunk of the wrong type, shape or dtype."""
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        device = getattr(value, "device", None)
+        where = f" on {device}" if device is not None and str(device) != "cpu" else ""
+        return f"{type(value).__name__} of shape {tuple(shape)} and dtype {dtype}{where}"
+    return type(value).__name__
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    # Duck-typed so the runtime never imports torch itself.
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def as_array(value: Any) -> np.ndarray:
+    """A numpy view of `value`; torch tensors on another device are copied to host."""
+    if isinstance(value, np.ndarray):
+        return value
+    if _is_torch_tensor(value):
+        tensor = value.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        return tensor.numpy()
+    raise FrameError(f"expected a numpy array or torch tensor, got {_describe(value)}")
+
+
+def video_batch(value: Any, track: str) -> np.ndarray:
+    """`value` as an `(N, H, W, 3)` uint8 array (a single frame becomes N=1), no copy."""
+    expected = "uint8 RGB frames of shape (H, W, 3) or (N, H, W, 3)"
+    try:
+        array = as_array(value)
+    except FrameError:
+        raise FrameError(f"track {track!r}: expected {expected}, got {_describe(value)}") from None
+    if array.ndim not in (3, 4) or array.shape[-1] != 3:
+        channels = array.shape[-1] if array.ndim >= 3 else None
+        problem = (
+            f"{channels} channels"
+            if array.ndim in (3, 4) and channels != 3
+            else f"{array.ndim} dimensions"
+        )
+        raise FrameError(
+            f"track {track!r}: expected {expected}, got {_describe(value)} ({problem})"
+        )
+    if array.dtype != np.uint8:
+        raise FrameError(
+            f"track {track!r}: expected {expected}, got {_describe(value)} "
+            f"(convert with (x * 255).clamp(0, 255).to(torch.uint8) or .astype(np.uint8))"
+        )
+    if array.ndim == 3:
+        array = array[None]
+    if array.shape[0] == 0 or array.shape[1] == 0 or array.shape[2] == 0:
+        raise FrameError(f"track {track!r}: expected {expected}, got an empty {_describe(value)}")
+    return array
+
+
+def audio_chunk(value: Any, track: str) -> np.ndarray:
+    """`value` as an int16 `(channels, samples)` array, no copy."""
+    expected = "int16 audio of shape (channels, samples)"
+    try:
+        array = as_array(value)
+    except FrameError:
+        raise FrameError(f"track {track!r}: expected {expected}, got {_describe(value)}") from None
+    if array.ndim != 2 or array.dtype != np.int16:
+        raise FrameError(f"track {track!r}: expected {expected}, got {_describe(value)}")
+    if array.shape[0] not in (1, 2):
+        raise FrameError(
+            f"track {track!r}: expected 1 or 2 channels in {expected}, got {_describe(value)}"
+        )
+    return array
+
+
+@functools.lru_cache(maxsize=8)
+def black_frame(height: int, width: int) -> np.ndarray:
+    """A shared, read-only black frame of the given size."""
+    frame = np.zeros((height, width, 3), dtype=np.uint8)
+    frame.setflags(write=False)
+    return frame

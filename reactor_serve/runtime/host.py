@@ -1,0 +1,529 @@
+"""`ModelHost`: the session engine. One model instance, driven through its life.
+
+The host loads the model once on its own thread (`ModelThread`), then for each client:
+connect (set `connected`, run `@connected` hooks, start the generator or the older
+API's session thread), deliver commands by the model kind's rules, and disconnect
+(clear `connected`, close the generator, run `@disconnected` hooks, flush). One
+session is live at a time. A failing model ends its session with an error to the
+client; the host stays ready for the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from reactor_serve.interface.context import SessionContext, register_live, unregister_live
+from reactor_serve.interface.legacy import ModelConfig
+from reactor_serve.interface.messages import ModelMessage
+from reactor_serve.interface.model import BufferClosed, _IdleType
+from reactor_serve.interface.state import InputRejected
+from reactor_serve.runtime.input_buffer import InputBuffer
+from reactor_serve.runtime.model_spec import CommandSpec, ModelSpec, inspect_model
+from reactor_serve.runtime.model_thread import ModelThread
+from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer
+from reactor_serve.runtime.output_splitter import OutputSplitter
+from reactor_serve.runtime.session import EndReason, Session, SessionSink
+
+__all__ = ["ModelHost", "ModelLoadError", "SessionBusy"]
+
+log = logging.getLogger("reactor_serve.runtime")
+
+
+class ModelLoadError(RuntimeError):
+    """`load()` (or the older API's constructor) raised; `traceback` has the details."""
+
+    def __init__(self, message: str, traceback_text: str) -> None:
+        super().__init__(message)
+        self.traceback = traceback_text
+
+
+class SessionBusy(RuntimeError):
+    """A session is already live on this host."""
+
+
+class ModelHost:
+    """Runs one model instance and its sessions."""
+
+    # Idle pipelines are resumed at least this often, so models that poll input with
+    # try_read() keep up with a 30 fps camera without spinning the CPU.
+    IDLE_POLL_S = 0.01
+    # How long disconnect waits for an older-API session thread to notice should_stop().
+    SESSION_THREAD_JOIN_S = 10.0
+
+    def __init__(
+        self,
+        model_cls: type,
+        config: dict[str, Any] | None = None,
+        *,
+        name: str | None = None,
+    ) -> None:
+        self.spec: ModelSpec = inspect_model(model_cls, name)
+        self.config = ModelConfig(_legacy_defaults(model_cls))
+        self.config.update(config or {})
+        self.output_buffer = OutputBuffer(self.spec.buffer_size, self.spec.fps)
+        self.input_buffers: dict[str, InputBuffer] = {
+            t.name: InputBuffer(t.name, t.kind) for t in self.spec.inputs
+        }
+        self.splitter = OutputSplitter(self.spec.outputs)
+        self.model: Any = None
+        self.load_error: ModelLoadError | None = None
+        self._thread = ModelThread(f"reactor-model-{self.spec.name}", self._current_context)
+        self._session: Session | None = None
+        self._lifecycle: asyncio.Lock | None = None
+        self._pipeline_task: asyncio.Task[None] | None = None
+        self._run_task: asyncio.Task[None] | None = None
+        self._session_thread: threading.Thread | None = None
+        self._pending: collections.deque[tuple[CommandSpec, dict[str, Any]]] = collections.deque()
+        self._wakeup: asyncio.Event | None = None
+        self._shutting_down = False
+        self.model_errors = 0
+
+    # ---- construction -----------------------------------------------------------
+
+    @classmethod
+    def from_manifest(cls, path: str | Path) -> ModelHost:
+        """A host for the model directory (or `reactor.yaml`) at `path`."""
+        from reactor_serve.runtime.manifest import load_manifest
+
+        manifest = load_manifest(path)
+        return cls(manifest.load_class(), manifest.config, name=manifest.name)
+
+    def start(self, timeout: float | None = None) -> None:
+        """Start the model thread, construct the model and call `load(config)`.
+
+        Blocks until loaded. Raises ModelLoadError (with the traceback) on failure.
+        """
+        self._thread.start()
+        try:
+            self._thread.submit(self._load()).result(timeout)
+        except ModelLoadError as exc:
+            self.load_error = exc
+            raise
+
+    def __enter__(self) -> ModelHost:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    @property
+    def healthy(self) -> bool:
+        """Loaded, and the model thread is alive."""
+        return self.model is not None and self.load_error is None and self._thread.alive
+
+    @property
+    def session(self) -> Session | None:
+        return self._session
+
+    def _current_context(self) -> SessionContext | None:
+        session = self._session
+        return session.context if session is not None and not session.ended.is_set() else None
+
+    async def _load(self) -> None:
+        self._lifecycle = asyncio.Lock()
+        self._wakeup = asyncio.Event()
+        try:
+            if self.spec.kind == "legacy":
+                model = self.spec.cls(self.config)
+            else:
+                model = self.spec.cls()
+            self._bind(model)
+            if self.spec.kind != "legacy":
+                result = model.load(self.config)
+                if inspect.isawaitable(result):
+                    await result
+        except Exception as exc:
+            text = traceback.format_exc()
+            log.error("model %s failed to load:\n%s", self.spec.name, text)
+            where = "__init__(config)" if self.spec.kind == "legacy" else "load(config)"
+            raise ModelLoadError(
+                f"{self.spec.cls.__qualname__}.{where} raised {type(exc).__name__}: {exc}", text
+            ) from exc
+        self.model = model
+        if self.spec.kind == "model":
+            self._run_task = asyncio.get_running_loop().create_task(self._supervise_run())
+
+    def _bind(self, model: Any) -> None:
+        model.connected = asyncio.Event()
+        model.output_buffer = self.output_buffer
+        model._reactor_binding = _Binding(self)
+        if self.spec.input_cls is not None:
+            model.input = self.spec.input_cls(**self.input_buffers)
+        if self.spec.state_cls is not None:
+            model.state = self.spec.state_cls()
+
+    # ---- sessions ---------------------------------------------------------------
+
+    async def open_session(self, sink: SessionSink, session_id: str | None = None) -> Session:
+        """Connect a client. Raises SessionBusy if one is live, RuntimeError if the model
+        is not loaded. The returned session may already have ended if a `@connected`
+        hook failed (its sink was told why)."""
+        if not self.healthy:
+            raise RuntimeError(f"model {self.spec.name!r} is not loaded")
+        session = Session(self, sink, session_id)
+        await asyncio.wrap_future(self._thread.submit(self._connect(session)))
+        return session
+
+    async def end_session(self, session: Session, reason: str, detail: str | None = None) -> None:
+        """Disconnect `session` and wait until it is cleaned up (any thread's loop)."""
+        if session.ended.is_set() or not self._thread.alive:
+            return
+        await asyncio.wrap_future(self._thread.submit(self._disconnect(session, reason, detail)))
+
+    async def _connect(self, session: Session) -> None:
+        assert self._lifecycle is not None
+        async with self._lifecycle:
+            if self._session is not None:
+                raise SessionBusy(f"model {self.spec.name!r} is busy with another session")
+            self.output_buffer.restart()
+            self.splitter.reset()
+            self._pending.clear()
+            if self.spec.state_cls is not None:
+                self.model.state = self.spec.state_cls()
+            if self.spec.kind == "pipeline":
+                for buffer in self.input_buffers.values():
+                    buffer.reset()
+            self._session = session
+            register_live(session.context)
+            self.model.connected.set()
+        try:
+            for hook in self.spec.connected_hooks:
+                await _call(getattr(self.model, hook))
+        except Exception as exc:
+            await self._fail(session, f"@connected {hook}()", exc)
+            return
+        if self.spec.kind == "pipeline":
+            self._pipeline_task = asyncio.get_running_loop().create_task(
+                self._drive_pipeline(session)
+            )
+        elif self.spec.kind == "legacy":
+            self._session_thread = threading.Thread(
+                target=self._legacy_session,
+                args=(session,),
+                name=f"reactor-session-{self.spec.name}",
+                daemon=True,
+            )
+            self._session_thread.start()
+
+    async def _disconnect(self, session: Session, reason: str, detail: str | None) -> None:
+        assert self._lifecycle is not None
+        async with self._lifecycle:
+            if self._session is not session or session.ended.is_set():
+                return
+            session._mark_stopping()
+            self.model.connected.clear()
+            task = self._pipeline_task
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            self._pipeline_task = None
+            for hook in self.spec.disconnected_hooks:
+                try:
+                    await _call(getattr(self.model, hook))
+                except Exception:
+                    log.exception("@disconnected %s() raised", hook)
+            if self.spec.kind == "pipeline":
+                for buffer in self.input_buffers.values():
+                    buffer.close()
+            thread = self._session_thread
+            if thread is not None and thread is not threading.current_thread():
+                await asyncio.get_running_loop().run_in_executor(
+                    None, thread.join, self.SESSION_THREAD_JOIN_S
+                )
+                if thread.is_alive():
+                    log.warning(
+                        "%s.start_session() did not return within %.0f s of should_stop()",
+                        self.spec.cls.__qualname__,
+                        self.SESSION_THREAD_JOIN_S,
+                    )
+            self._session_thread = None
+            self._pending.clear()
+            self.output_buffer.flush()
+            data: dict[str, Any] = {"reason": reason}
+            if detail:
+                data["message"] = detail
+            session.send_runtime("sessionEnded", data)
+            session.end_reason, session.end_detail = reason, detail
+            unregister_live(session.context)
+            session.ended.set()
+            self._session = None
+        try:
+            session.sink.ended(reason, detail)
+        except Exception:
+            log.exception("session sink failed in ended()")
+
+    async def _fail(self, session: Session, where: str, exc: BaseException) -> None:
+        """A model error during `session`: log it, tell the client, end the session."""
+        self.model_errors += 1
+        log.error(
+            "model %s: %s raised during session %s:\n%s",
+            self.spec.name,
+            where,
+            session.id,
+            "".join(traceback.format_exception(exc)),
+        )
+        await self._disconnect(session, EndReason.ERROR, f"{where} raised {type(exc).__name__}: {exc}")
+
+    def _schedule_fail(self, session: Session, where: str, exc: BaseException) -> None:
+        # From inside a task that _disconnect would cancel: end the session from a task
+        # of its own so the failing task can finish first.
+        asyncio.get_running_loop().create_task(self._fail(session, where, exc))
+
+    # ---- ReactorModel: run() for the model's lifetime ----------------------------
+
+    async def _supervise_run(self) -> None:
+        backoff = 0.5
+        while not self._shutting_down:
+            started = time.monotonic()
+            try:
+                await self.model.run()
+                where, error = "run()", None
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                where, error = "run()", exc
+            session = self._session
+            if error is not None:
+                if session is not None and not session.stopping:
+                    await self._fail(session, where, error)
+                else:
+                    self.model_errors += 1
+                    log.error("model %s: run() raised with no session live", self.spec.name,
+                              exc_info=error)
+            elif session is not None and not session.stopping:
+                await self._disconnect(session, EndReason.MODEL_ENDED, "run() returned")
+            # Restart run() for the next client; back off if it keeps failing at once.
+            if time.monotonic() - started < 1.0:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            else:
+                backoff = 0.5
+
+    # ---- ReactorPipeline: the generator between connect and disconnect -----------
+
+    async def _drive_pipeline(self, session: Session) -> None:
+        generator: Any = None
+        try:
+            while not session.stopping:
+                if generator is None:
+                    generator = self.model.inference()
+                    if not (inspect.isgenerator(generator) or inspect.isasyncgen(generator)):
+                        raise TypeError(
+                            f"inference() must be a generator (use yield), got "
+                            f"{type(generator).__name__}"
+                        )
+                    produced = False
+                await self._apply_pending()
+                started = time.perf_counter()
+                try:
+                    if inspect.isasyncgen(generator):
+                        item = await generator.__anext__()
+                    else:
+                        item = next(generator)
+                except (StopIteration, StopAsyncIteration):
+                    generator = None
+                    if not produced:
+                        # A generator that ends at once would otherwise spin the CPU.
+                        await asyncio.sleep(self.IDLE_POLL_S)
+                    continue
+                compute_time = time.perf_counter() - started
+                produced = True
+                if item is None or isinstance(item, _IdleType):
+                    await self._idle_wait()
+                    continue
+                await self._emit(item, drop=False, compute_time=compute_time)
+        except asyncio.CancelledError:
+            raise
+        except BufferClosed:
+            if not session.stopping:
+                self._schedule_fail(session, "inference()", BufferClosed("input buffer closed"))
+        except Exception as exc:
+            self._schedule_fail(session, "inference()", exc)
+        finally:
+            if generator is not None:
+                await _close_generator(generator)
+
+    async def _idle_wait(self) -> None:
+        assert self._wakeup is not None
+        self._wakeup.clear()
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), self.IDLE_POLL_S)
+        except asyncio.TimeoutError:
+            pass
+
+    def _input_arrived(self) -> None:
+        if self.spec.kind == "pipeline" and self._wakeup is not None and self._thread.alive:
+            self._thread.call_soon(self._wakeup.set)
+
+    async def _apply_pending(self) -> None:
+        # Commands queued while the generator ran take effect here, between yields.
+        while self._pending:
+            command, args = self._pending.popleft()
+            await self._apply(command, args)
+
+    # ---- commands ---------------------------------------------------------------
+
+    def _submit_command(self, session: Session, name: str, data: Any) -> None:
+        if self._thread.alive:
+            self._thread.call_soon(self._on_command, session, name, data)
+
+    def _on_command(self, session: Session, name: str, data: Any) -> None:
+        if session is not self._session or session.stopping:
+            return
+        command = self.spec.commands.get(name)
+        try:
+            if command is None:
+                known = ", ".join(sorted(self.spec.commands)) or "none"
+                raise InputRejected(
+                    f"unknown command {name!r} (known: {known})",
+                    [{"field": None, "rule": "unknown_command", "value": name}],
+                )
+            args = command.validate(data)
+        except InputRejected as exc:
+            session.commands_rejected += 1
+            session.send_runtime(
+                "commandError", {"command": name, "message": exc.message, "errors": exc.errors}
+            )
+            return
+        if self.spec.kind == "pipeline":
+            self._pending.append((command, args))
+            assert self._wakeup is not None
+            self._wakeup.set()
+        else:
+            # Handlers interleave with run() at its awaits, as the reference describes.
+            asyncio.get_running_loop().create_task(self._run_handler(session, command, args))
+
+    async def _run_handler(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
+        try:
+            await self._apply(command, args)
+        except Exception as exc:
+            if session is self._session and not session.stopping:
+                await self._fail(session, f"{command.target}()", exc)
+
+    async def _apply(self, command: CommandSpec, args: dict[str, Any]) -> None:
+        if command.kind == "setter":
+            setattr(self.model.state, command.target, args[command.target])
+        else:
+            await _call(getattr(self.model, command.target), **args)
+
+    # ---- output -----------------------------------------------------------------
+
+    def _prepare(self, output: Any, compute_time: float | None) -> list[FrameItem]:
+        """Validate and split one emit, and count it for the production rate."""
+        items = self.splitter.split(output)
+        if items:
+            self.output_buffer.record_emit(items, compute_time)
+        return items
+
+    async def _emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
+        items = self._prepare(output, compute_time)
+        if items:
+            await self.output_buffer.put(items, drop)
+
+    def _emit_block(self, session: Session, frames: Any) -> None:
+        if session.stopping:
+            return
+        if frames is None:
+            # emit_block(None): one black frame, at the size the client last saw.
+            if len(self.spec.video_outputs) != 1:
+                return
+            frames = self.splitter.black()[self.spec.video_outputs[0]]
+        items = self._prepare(frames, None)
+        if items:
+            self.output_buffer.put_blocking(items, should_stop=lambda: session.stopping)
+
+    def _legacy_session(self, session: Session) -> None:
+        from reactor_serve.interface.context import bind_context_source
+
+        bind_context_source(self._current_context)
+        reason, detail, error = EndReason.MODEL_ENDED, "start_session() returned", None
+        try:
+            self.model.start_session()
+        except Exception as exc:
+            reason, detail, error = EndReason.ERROR, None, exc
+        if session.stopping or not self._thread.alive:
+            return
+        if error is not None:
+            self._thread.submit(self._fail(session, "start_session()", error))
+        else:
+            self._thread.submit(self._disconnect(session, reason, detail))
+
+    # ---- shutdown ---------------------------------------------------------------
+
+    def shutdown(self, timeout: float = 15.0) -> None:
+        """End any live session, stop the model thread."""
+        self._shutting_down = True
+        if self._thread.alive:
+            session = self._session
+            if session is not None:
+                try:
+                    self._thread.submit(
+                        self._disconnect(session, EndReason.SHUTDOWN, None)
+                    ).result(timeout)
+                except Exception:
+                    log.exception("ending the live session at shutdown failed")
+            if self._run_task is not None:
+                self._thread.loop.call_soon_threadsafe(self._run_task.cancel)
+        self._thread.stop(timeout)
+
+
+class _Binding:
+    """What a hosted model's `emit()` and `send()` reach."""
+
+    def __init__(self, host: ModelHost) -> None:
+        self._host = host
+
+    async def emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
+        await self._host._emit(output, drop, compute_time)
+
+    async def send(self, message: ModelMessage | dict[str, Any]) -> None:
+        session = self._host._session
+        if session is not None and not session.stopping:
+            session.send_application(message)
+
+
+async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    result = fn(*args, **kwargs)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+async def _close_generator(generator: Any) -> None:
+    try:
+        if inspect.isasyncgen(generator):
+            await generator.aclose()
+        else:
+            generator.close()
+    except Exception:
+        log.exception("closing inference() raised")
+
+
+def _legacy_defaults(model_cls: type) -> dict[str, Any]:
+    """The older API's `@model(config="config.yml")` defaults, read beside the model file."""
+    info = getattr(model_cls, "__reactor_model__", None)
+    if info is None or not info.config:
+        return {}
+    source = inspect.getsourcefile(model_cls)
+    path = Path(info.config)
+    if not path.is_absolute() and source:
+        path = Path(source).parent / path
+    if not path.exists():
+        raise FileNotFoundError(
+            f"@model(config={info.config!r}) on {model_cls.__qualname__}: {path} does not exist"
+        )
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the config must be a mapping at the top level")
+    return data

@@ -1,0 +1,124 @@
+"""`InputBuffer`: frames from the client's input track, read by the model.
+
+Latest-n semantics: reads return the most recent frames and discard the older
+backlog, so a model always works on fresh input, and memory stays bounded however
+fast the client sends. The transport pushes from the media loop; the model reads on
+its own loop (`await read(n)`) or from any thread (`try_read(n)`).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+import numpy as np
+
+from reactor_serve.interface.model import BufferClosed
+from reactor_serve.runtime._waiters import LoopWaiters
+from reactor_serve.runtime.frames import audio_chunk, video_batch
+
+__all__ = ["InputBuffer"]
+
+
+class InputBuffer:
+    """One input track's frames. Open when created; `close()` ends reads, `reset()` reopens."""
+
+    DEFAULT_CAPACITY = 8
+
+    def __init__(self, name: str, kind: str = "video", capacity: int = DEFAULT_CAPACITY) -> None:
+        self.name = name
+        self.kind = kind
+        self._capacity = max(1, capacity)
+        self._frames: collections.deque[np.ndarray] = collections.deque(maxlen=self._capacity)
+        self._lock = threading.Lock()
+        self._waiters = LoopWaiters()
+        self._wanted = 1
+        self._closed = False
+        self.received = 0
+        self.discarded = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def push(self, frame: Any) -> None:
+        """Add a frame from the client (any thread). Dropped while the buffer is closed."""
+        if self.kind == "video":
+            array = video_batch(frame, self.name)
+            if array.shape[0] != 1:
+                raise ValueError(f"input track {self.name!r}: push one frame at a time")
+            array = array[0]
+        else:
+            array = audio_chunk(frame, self.name)
+        with self._lock:
+            if self._closed:
+                self.discarded += 1
+                return
+            if len(self._frames) == self._frames.maxlen:
+                self.discarded += 1
+            self._frames.append(array)
+            self.received += 1
+            if len(self._frames) >= self._wanted and self._waiters:
+                self._waiters.wake_all()
+
+    def try_read(self, n: int = 1) -> list[np.ndarray] | None:
+        """The latest `n` frames, oldest first, discarding older backlog; or None (and
+        the buffer untouched) when fewer than `n` are there or the buffer is closed."""
+        self._check_n(n)
+        with self._lock:
+            return self._take_locked(n)
+
+    async def read(self, n: int = 1) -> list[np.ndarray]:
+        """Wait until `n` frames are there and return the latest `n`.
+
+        Raises BufferClosed if the buffer is closed before or while waiting.
+        """
+        self._check_n(n)
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise BufferClosed(f"input track {self.name!r} is closed")
+                frames = self._take_locked(n)
+                if frames is not None:
+                    return frames
+                self._wanted = n
+                waiter = self._waiters.add()
+            try:
+                await waiter
+            finally:
+                with self._lock:
+                    self._waiters.discard(waiter)
+
+    def close(self) -> None:
+        """End input: pending and future `read()` calls raise BufferClosed."""
+        with self._lock:
+            self._closed = True
+            self._frames.clear()
+            self._waiters.wake_all(BufferClosed(f"input track {self.name!r} is closed"))
+
+    def reset(self) -> None:
+        """Reopen for a new client, with no leftover frames."""
+        with self._lock:
+            self._closed = False
+            self._frames.clear()
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def _take_locked(self, n: int) -> list[np.ndarray] | None:
+        if self._closed or len(self._frames) < n:
+            return None
+        frames = list(self._frames)[-n:]
+        self.discarded += len(self._frames) - n
+        self._frames.clear()
+        return frames
+
+    def _check_n(self, n: int) -> None:
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        if n > self._capacity:
+            # Grow so a model asking for n frames can ever get them.
+            with self._lock:
+                self._capacity = n
+                self._frames = collections.deque(self._frames, maxlen=n)

@@ -1,0 +1,223 @@
+"""`OutputBuffer`: the one bridge for frames from the model's thread to the media loop.
+
+A bounded, thread-safe queue of `FrameItem`s. Producers (the model loop's `emit`, or
+the older API's `emit_block` on its own thread) wait for space or drop; the consumer
+(`EmissionClock` on the media loop) takes one item per tick and never waits. The
+buffer also owns what both sides need to agree on: the target fps, the measured
+production rate, and the supply margin (how many frames were still queued when the
+next ones arrived), which the clock uses to keep latency low without running dry.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import numpy as np
+
+from reactor_serve.runtime._waiters import LoopWaiters
+from reactor_serve.runtime.production_rate import ProductionRate
+
+__all__ = ["FrameItem", "OutputBuffer"]
+
+
+@dataclass(slots=True)
+class FrameItem:
+    """One presentation slot's worth of output: a frame per video track and the audio
+    that plays with it (48 kHz int16, per audio track)."""
+
+    video: dict[str, np.ndarray]
+    audio: dict[str, np.ndarray] = field(default_factory=dict)
+    emitted_at: float = 0.0
+    seq: int = 0
+
+
+class OutputBuffer:
+    """Bounded thread-safe frame queue with the state that paces it."""
+
+    # How far back the supply margin looks (seconds), and the bounds it is kept in, so
+    # one long intentional stall does not dominate the estimate for long afterwards.
+    MARGIN_TIME_CONSTANT_S = 0.5
+    MARGIN_FLOOR = -3.0
+
+    def __init__(
+        self,
+        capacity: int,
+        fps: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"buffer_size must be at least 1, got {capacity}")
+        self._check_fps(fps)
+        self.capacity = int(capacity)
+        self.clock = clock
+        self.rate = ProductionRate()
+        self._target_fps = float(fps)
+        self._items: collections.deque[FrameItem] = collections.deque()
+        self._cond = threading.Condition()
+        self._async_waiters = LoopWaiters()
+        self._seq = 0
+        self._flushes = 0
+        self._underruns_since_put = 0
+        self._margin: float | None = None
+        self._margin_at: float | None = None
+        self.dropped = 0
+        self.emitted = 0
+        self.taken = 0
+
+    # ---- what models call -------------------------------------------------------
+
+    def set_fps(self, fps: float) -> None:
+        """Change the target frame rate; the emission clock uses it from its next tick."""
+        self._check_fps(fps)
+        self._target_fps = float(fps)
+
+    def flush(self) -> None:
+        """Drop every queued frame; the client sees black until the next emit."""
+        with self._cond:
+            self._items.clear()
+            self._flushes += 1
+            self._underruns_since_put = 0
+            self._margin = None
+            self._cond.notify_all()
+            self._async_waiters.wake_all()
+
+    # ---- state the clock reads --------------------------------------------------
+
+    @property
+    def target_fps(self) -> float:
+        return self._target_fps
+
+    @property
+    def flushes(self) -> int:
+        """Counts flushes, so the clock knows to show black instead of the last frame."""
+        return self._flushes
+
+    def depth(self) -> int:
+        return len(self._items)
+
+    def margin(self) -> float | None:
+        """Smoothed frames still queued when new frames arrived (negative: ran dry)."""
+        return self._margin
+
+    def restart(self) -> None:
+        """Start a new session: empty queue, fresh rate measurement."""
+        self.flush()
+        self.rate.restart()
+
+    # ---- producer side ----------------------------------------------------------
+
+    def record_emit(self, items: list[FrameItem], compute_time: float | None) -> None:
+        """Stamp one emit's items (time, sequence numbers) and count it for the rate."""
+        now = self.clock()
+        self.rate.record(now, len(items), compute_time)
+        with self._cond:
+            for item in items:
+                self._seq += 1
+                item.seq = self._seq
+                item.emitted_at = now
+
+    def put_nowait(self, items: list[FrameItem]) -> int:
+        """Queue as many of `items` as fit; returns how many were taken."""
+        with self._cond:
+            return self._put_locked(items)
+
+    async def put(self, items: list[FrameItem], drop: bool = False) -> None:
+        """Queue `items` from an event loop: wait for space, or with `drop` discard
+        what does not fit."""
+        pending = items
+        while pending:
+            with self._cond:
+                placed = self._put_locked(pending)
+                pending = pending[placed:]
+                if not pending:
+                    break
+                if drop:
+                    self.dropped += len(pending)
+                    break
+                waiter = self._async_waiters.add()
+            try:
+                await waiter
+            finally:
+                with self._cond:
+                    self._async_waiters.discard(waiter)
+        self.rate.returned(self.clock())
+
+    def put_blocking(
+        self,
+        items: list[FrameItem],
+        drop: bool = False,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> bool:
+        """Queue `items` from a plain thread. Returns False if `should_stop` became true
+        while waiting (the rest are discarded)."""
+        pending = items
+        with self._cond:
+            while pending:
+                placed = self._put_locked(pending)
+                pending = pending[placed:]
+                if not pending:
+                    break
+                if drop:
+                    self.dropped += len(pending)
+                    break
+                if should_stop():
+                    self.rate.returned(self.clock())
+                    return False
+                # A timeout, because should_stop() is a plain flag nobody notifies on.
+                self._cond.wait(timeout=0.05)
+        self.rate.returned(self.clock())
+        return True
+
+    def _put_locked(self, items: list[FrameItem]) -> int:
+        room = self.capacity - len(self._items)
+        if room <= 0 or not items:
+            return 0
+        self._note_arrival_locked()
+        taken = items[:room]
+        self._items.extend(taken)
+        self.emitted += len(taken)
+        return len(taken)
+
+    def _note_arrival_locked(self) -> None:
+        depth = len(self._items)
+        sample = float(depth) if depth > 0 else -float(self._underruns_since_put)
+        sample = max(sample, self.MARGIN_FLOOR)
+        self._underruns_since_put = 0
+        now = self.clock()
+        if self._margin is None or self._margin_at is None:
+            self._margin = sample
+        else:
+            alpha = 1.0 - math.exp(-(now - self._margin_at) / self.MARGIN_TIME_CONSTANT_S)
+            self._margin += alpha * (sample - self._margin)
+        self._margin_at = now
+
+    # ---- consumer side ----------------------------------------------------------
+
+    def take(self) -> FrameItem | None:
+        """The next frame, or None when the queue is empty (never waits)."""
+        with self._cond:
+            if not self._items:
+                if self.rate.monitoring:
+                    self._underruns_since_put += 1
+                return None
+            item = self._items.popleft()
+            self.taken += 1
+            self._cond.notify_all()
+            self._async_waiters.wake_all()
+            return item
+
+    def drain(self) -> Iterable[FrameItem]:
+        """Take everything queued now (tests and shutdown)."""
+        while (item := self.take()) is not None:
+            yield item
+
+    @staticmethod
+    def _check_fps(fps: float) -> None:
+        if not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
+            raise ValueError(f"fps must be a positive number, got {fps!r}")
+
