@@ -198,7 +198,7 @@ def test_cli_init(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert str(dest) in out
     assert "reactor.yaml" in out
-    assert "reactor run" in out
+    assert "reactor check" in out
 
 
 def test_cli_init_existing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

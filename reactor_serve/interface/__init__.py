@@ -4,7 +4,7 @@ from reactor_serve.interface.context import SessionContext, get_ctx
 from reactor_serve.interface.events import command, connected, disconnected, event
 from reactor_serve.interface.legacy import ModelConfig, VideoModel, model
 from reactor_serve.interface.messages import ModelMessage
-from reactor_serve.interface.model import (
+from reactor_serve.interface.models import (
     BufferClosed,
     Idle,
     ReactorModel,

@@ -25,7 +25,7 @@ import yaml
 from reactor_serve.interface.context import SessionContext, register_live, unregister_live
 from reactor_serve.interface.legacy import ModelConfig
 from reactor_serve.interface.messages import ModelMessage
-from reactor_serve.interface.model import BufferClosed, _IdleType
+from reactor_serve.interface.models import BufferClosed, _IdleType
 from reactor_serve.interface.state import InputRejected
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.runtime.model_spec import CommandSpec, ModelSpec, inspect_model

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from reactor_serve.interface.model import BufferClosed
+from reactor_serve.interface.models import BufferClosed
 from reactor_serve.runtime._waiters import LoopWaiters
 from reactor_serve.runtime.frames import audio_chunk, video_batch
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from reactor_serve.interface.events import EventDecl, event_decl, hook_kind
 from reactor_serve.interface.legacy import VideoModel
-from reactor_serve.interface.model import ReactorModel, ReactorPipeline
+from reactor_serve.interface.models import ReactorModel, ReactorPipeline
 from reactor_serve.interface.state import FieldSpec, InputState, ParamValidator, state_fields
 from reactor_serve.interface.tracks import Input, Output, TrackDecl, Video, declared_tracks
 

@@ -1,0 +1,556 @@
+"""Tests for reactor_serve.runtime.output_buffer.OutputBuffer.
+
+Pacing state is checked with a simulated clock. The cross-thread tests (a producer
+waiting for space while a consumer on another thread takes) wait with generous
+timeouts and assert only on what happened, never on how long it took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer
+
+WAIT = 10.0  # generous: only a broken wakeup takes anywhere near this long
+
+
+class SimClock:
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _items(n: int, value: int = 0) -> list[FrameItem]:
+    return [
+        FrameItem(video={"main_video": np.full((2, 2, 3), (value + i) % 256, np.uint8)})
+        for i in range(n)
+    ]
+
+
+def _emit(buf: OutputBuffer, n: int, compute_time: float | None = None) -> list[FrameItem]:
+    items = _items(n)
+    buf.record_emit(items, compute_time)
+    placed = buf.put_nowait(items)
+    buf.rate.returned(buf.clock())
+    return items[:placed]
+
+
+async def _until(predicate, timeout: float = WAIT) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+# ---- construction and set_fps ---------------------------------------------------------
+
+
+def test_rejects_capacity_below_one():
+    with pytest.raises(ValueError, match="buffer_size"):
+        OutputBuffer(0, 30)
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -1, -30.0, math.nan, math.inf, "30", None])
+def test_constructor_rejects_bad_fps(bad):
+    with pytest.raises(ValueError, match="fps"):
+        OutputBuffer(4, bad)
+
+
+def test_set_fps_changes_target():
+    buf = OutputBuffer(4, 30)
+    assert buf.target_fps == 30.0
+    buf.set_fps(24)
+    assert buf.target_fps == 24.0
+    assert isinstance(buf.target_fps, float)
+    buf.set_fps(12.5)
+    assert buf.target_fps == 12.5
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -5, -0.1, math.nan, -math.inf, math.inf])
+def test_set_fps_rejects_non_positive_or_non_finite(bad):
+    buf = OutputBuffer(4, 30)
+    with pytest.raises(ValueError, match="fps") as info:
+        buf.set_fps(bad)
+    assert repr(bad) in str(info.value)
+    assert buf.target_fps == 30.0  # unchanged
+
+
+# ---- capacity and put_nowait ----------------------------------------------------------
+
+
+def test_capacity_bound():
+    buf = OutputBuffer(3, 30)
+    assert buf.put_nowait(_items(2)) == 2
+    assert buf.put_nowait(_items(2)) == 1
+    assert buf.depth() == 3
+    assert buf.put_nowait(_items(5)) == 0
+    assert buf.depth() == 3
+    assert buf.emitted == 3
+
+
+def test_put_nowait_partial_takes_the_first_items_in_order():
+    buf = OutputBuffer(4, 30)
+    items = _items(6)
+    assert buf.put_nowait(items) == 4
+    taken = list(buf.drain())
+    assert taken == items[:4]
+    assert all(a is b for a, b in zip(taken, items[:4]))
+    assert buf.depth() == 0
+    assert buf.taken == 4
+
+
+def test_put_nowait_empty_list():
+    buf = OutputBuffer(2, 30)
+    assert buf.put_nowait([]) == 0
+    assert buf.depth() == 0
+    assert buf.margin() is None
+
+
+def test_take_never_waits_and_is_fifo():
+    buf = OutputBuffer(4, 30)
+    assert buf.take() is None
+    items = _items(3)
+    buf.put_nowait(items)
+    assert buf.take() is items[0]
+    assert buf.take() is items[1]
+    assert buf.take() is items[2]
+    assert buf.take() is None
+
+
+# ---- record_emit: stamps --------------------------------------------------------------
+
+
+def test_seq_strictly_increases_across_emits():
+    clock = SimClock()
+    buf = OutputBuffer(100, 30, clock=clock)
+    seqs: list[int] = []
+    for n in (1, 4, 2, 7):
+        clock.t += 0.1
+        items = _items(n)
+        buf.record_emit(items, None)
+        seqs.extend(item.seq for item in items)
+        buf.put_nowait(items)
+    assert len(seqs) == 14
+    assert all(b > a for a, b in zip(seqs, seqs[1:]))
+    assert seqs[0] >= 1
+    # Seq survives a flush: numbering never goes back.
+    buf.flush()
+    later = _items(1)
+    buf.record_emit(later, None)
+    assert later[0].seq > seqs[-1]
+
+
+def test_emitted_at_stamped_from_the_clock():
+    clock = SimClock(12.5)
+    buf = OutputBuffer(8, 30, clock=clock)
+    first = _items(3)
+    buf.record_emit(first, None)
+    clock.t = 13.25
+    second = _items(2)
+    buf.record_emit(second, None)
+    assert [i.emitted_at for i in first] == [12.5] * 3
+    assert [i.emitted_at for i in second] == [13.25] * 2
+
+
+def test_record_emit_feeds_the_rate_with_frame_count_and_compute_time():
+    clock = SimClock()
+    buf = OutputBuffer(100, 30, clock=clock)
+    buf.record_emit(_items(10), 0.5)
+    assert buf.rate.rate() == pytest.approx(20.0)
+
+    clock2 = SimClock()
+    buf2 = OutputBuffer(100, 30, clock=clock2)
+    buf2.rate.returned(0.0)
+    clock2.t = 0.25
+    buf2.record_emit(_items(6), None)
+    assert buf2.rate.rate() == pytest.approx(24.0)
+
+
+# ---- async put ------------------------------------------------------------------------
+
+
+async def test_async_put_when_room_returns_and_marks_return():
+    clock = SimClock()
+    buf = OutputBuffer(4, 30, clock=clock)
+    buf.record_emit(_items(1), None)  # first emit: marks nothing yet
+    items = _items(2)
+    buf.record_emit(items, None)
+    await buf.put(items)
+    assert buf.depth() == 2
+    # put() marked where the model's own time starts again.
+    clock.t = 0.5
+    buf.record_emit(_items(12), None)
+    assert buf.rate.rate() == pytest.approx(24.0)
+
+
+async def test_async_put_waits_when_full_and_resumes_when_consumer_takes():
+    buf = OutputBuffer(2, 30)
+    items = _items(5)
+    producer = asyncio.create_task(buf.put(items))
+    await _until(lambda: buf.depth() == 2)
+    await asyncio.sleep(0.05)
+    assert not producer.done()  # blocked: three items still pending
+
+    taken: list[FrameItem] = []
+    stop = threading.Event()
+
+    def consumer() -> None:
+        while len(taken) < 5 and not stop.is_set():
+            item = buf.take()
+            if item is not None:
+                taken.append(item)
+            else:
+                stop.wait(0.002)
+
+    th = threading.Thread(target=consumer)
+    th.start()
+    try:
+        await asyncio.wait_for(producer, WAIT)
+    finally:
+        th.join(WAIT)
+        stop.set()
+    assert not th.is_alive()
+    assert taken == items  # every item, in order, nothing dropped
+    assert buf.dropped == 0
+
+
+async def test_async_put_blocked_resumes_on_single_take_from_other_thread():
+    buf = OutputBuffer(1, 30)
+    first, second = _items(2)
+    await buf.put([first])
+    producer = asyncio.create_task(buf.put([second]))
+    await asyncio.sleep(0.05)
+    assert not producer.done()
+    th = threading.Thread(target=buf.take)
+    th.start()
+    await asyncio.wait_for(producer, WAIT)
+    th.join(WAIT)
+    assert buf.depth() == 1
+    assert buf.take() is second
+
+
+async def test_async_put_drop_discards_what_does_not_fit():
+    buf = OutputBuffer(3, 30)
+    items = _items(5)
+    await asyncio.wait_for(buf.put(items, drop=True), WAIT)
+    assert buf.depth() == 3
+    assert buf.dropped == 2
+    await asyncio.wait_for(buf.put(_items(4), drop=True), WAIT)
+    assert buf.dropped == 6
+    assert list(buf.drain()) == items[:3]
+
+
+async def test_async_put_without_drop_counts_nothing_dropped():
+    buf = OutputBuffer(2, 30)
+    await buf.put(_items(2))
+    assert buf.dropped == 0
+
+
+async def test_async_put_woken_by_flush():
+    buf = OutputBuffer(2, 30)
+    await buf.put(_items(2))
+    pending = _items(2, value=100)
+    producer = asyncio.create_task(buf.put(pending))
+    await asyncio.sleep(0.05)
+    assert not producer.done()
+    threading.Thread(target=buf.flush).start()
+    await asyncio.wait_for(producer, WAIT)
+    assert buf.flushes == 1
+    # The old frames were dropped; the waiting emit went in after the flush.
+    assert list(buf.drain()) == pending
+
+
+async def test_async_put_from_another_loop_thread():
+    """The model loop lives on its own thread; the consumer on this loop."""
+    buf = OutputBuffer(2, 30)
+    items = _items(6)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def model_thread() -> None:
+        try:
+            asyncio.run(buf.put(items))
+        except BaseException as exc:  # pragma: no cover - failure path
+            errors.append(exc)
+        finally:
+            done.set()
+
+    th = threading.Thread(target=model_thread)
+    th.start()
+    taken: list[FrameItem] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while len(taken) < 6 and loop.time() < deadline:
+        item = buf.take()
+        if item is not None:
+            taken.append(item)
+        else:
+            await asyncio.sleep(0.002)
+    th.join(WAIT)
+    assert done.is_set() and not errors
+    assert taken == items
+
+
+# ---- put_blocking ---------------------------------------------------------------------
+
+
+def test_put_blocking_with_room_returns_true():
+    buf = OutputBuffer(4, 30)
+    assert buf.put_blocking(_items(3)) is True
+    assert buf.depth() == 3
+
+
+def test_put_blocking_waits_for_consumer():
+    buf = OutputBuffer(2, 30)
+    items = _items(5)
+    result: list[bool] = []
+    th = threading.Thread(target=lambda: result.append(buf.put_blocking(items)))
+    th.start()
+    taken: list[FrameItem] = []
+    deadline = threading.Event()
+    timer = threading.Timer(WAIT, deadline.set)
+    timer.start()
+    try:
+        while len(taken) < 5 and not deadline.is_set():
+            item = buf.take()
+            if item is None:
+                deadline.wait(0.002)
+            else:
+                taken.append(item)
+    finally:
+        timer.cancel()
+    th.join(WAIT)
+    assert result == [True]
+    assert taken == items
+
+
+def test_put_blocking_is_blocked_while_full():
+    buf = OutputBuffer(1, 30)
+    buf.put_nowait(_items(1))
+    result: list[bool] = []
+    th = threading.Thread(target=lambda: result.append(buf.put_blocking(_items(1))))
+    th.start()
+    th.join(0.2)
+    assert th.is_alive() and result == []  # still waiting for space
+    buf.take()
+    th.join(WAIT)
+    assert result == [True]
+    assert buf.depth() == 1
+
+
+def test_put_blocking_returns_false_when_should_stop_becomes_true():
+    buf = OutputBuffer(1, 30)
+    buf.put_nowait(_items(1))
+    stop = threading.Event()
+    result: list[bool] = []
+    th = threading.Thread(
+        target=lambda: result.append(buf.put_blocking(_items(3), should_stop=stop.is_set))
+    )
+    th.start()
+    th.join(0.1)
+    assert th.is_alive()
+    stop.set()  # nobody notifies: put_blocking must notice by itself
+    th.join(WAIT)
+    assert not th.is_alive()
+    assert result == [False]
+    assert buf.depth() == 1  # nothing more went in
+
+
+def test_put_blocking_drop_discards_without_waiting():
+    buf = OutputBuffer(2, 30)
+    assert buf.put_blocking(_items(5), drop=True) is True
+    assert buf.depth() == 2
+    assert buf.dropped == 3
+
+
+def test_put_blocking_marks_return_for_the_rate():
+    clock = SimClock()
+    buf = OutputBuffer(4, 30, clock=clock)
+    items = _items(4)
+    buf.record_emit(items, None)
+    clock.t = 3.0  # e.g. it waited; the return is what counts
+    assert buf.put_blocking(items)
+    clock.t = 3.5
+    buf.record_emit(_items(12), None)
+    assert buf.rate.rate() == pytest.approx(24.0)
+
+
+def test_put_blocking_woken_by_flush():
+    buf = OutputBuffer(2, 30)
+    buf.put_nowait(_items(2))
+    pending = _items(2, value=50)
+    result: list[bool] = []
+    th = threading.Thread(target=lambda: result.append(buf.put_blocking(pending)))
+    th.start()
+    th.join(0.1)
+    assert th.is_alive()
+    buf.flush()
+    th.join(WAIT)
+    assert result == [True]
+    assert list(buf.drain()) == pending
+
+
+# ---- flush ----------------------------------------------------------------------------
+
+
+def test_flush_empties_and_counts():
+    buf = OutputBuffer(4, 30)
+    buf.put_nowait(_items(4))
+    assert buf.flushes == 0
+    buf.flush()
+    assert buf.depth() == 0
+    assert buf.take() is None
+    assert buf.flushes == 1
+    buf.flush()
+    assert buf.flushes == 2
+
+
+def test_flush_resets_margin():
+    clock = SimClock()
+    buf = OutputBuffer(8, 30, clock=clock)
+    buf.put_nowait(_items(3))
+    clock.t = 5.0
+    buf.put_nowait(_items(1))
+    assert buf.margin() is not None
+    buf.flush()
+    assert buf.margin() is None
+
+
+def test_restart_flushes_and_restarts_rate():
+    clock = SimClock()
+    buf = OutputBuffer(8, 30, clock=clock)
+    buf.record_emit(_items(4), 0.1)
+    buf.put_nowait(_items(4))
+    assert buf.rate.rate() is not None
+    buf.restart()
+    assert buf.depth() == 0
+    assert buf.flushes == 1
+    assert buf.rate.rate() is None
+
+
+# ---- margin ---------------------------------------------------------------------------
+
+
+def test_margin_none_before_any_put():
+    assert OutputBuffer(4, 30).margin() is None
+
+
+def test_margin_samples_depth_before_the_put():
+    clock = SimClock()
+    buf = OutputBuffer(16, 30, clock=clock)
+    buf.put_nowait(_items(3))
+    # First sample: the queue was empty (and never ran dry): margin 0, not 3.
+    assert buf.margin() == pytest.approx(0.0)
+    clock.t = 100.0  # long enough that the new sample replaces the old one
+    buf.put_nowait(_items(5))
+    assert buf.margin() == pytest.approx(3.0)  # depth before, not 8 after
+    clock.t = 200.0
+    buf.take()
+    buf.take()
+    buf.put_nowait(_items(1))
+    assert buf.margin() == pytest.approx(6.0)
+
+
+def test_margin_is_smoothed_over_time():
+    clock = SimClock()
+    buf = OutputBuffer(16, 30, clock=clock)
+    buf.put_nowait(_items(4))  # margin 0
+    tau = OutputBuffer.MARGIN_TIME_CONSTANT_S
+    clock.t = tau
+    buf.put_nowait(_items(1))  # sample 4, one time constant later
+    assert buf.margin() == pytest.approx(4.0 * (1 - math.exp(-1)))
+    # A sample at the same instant moves nothing.
+    before = buf.margin()
+    buf.put_nowait(_items(1))
+    assert buf.margin() == pytest.approx(before)
+
+
+def test_margin_negative_after_underruns():
+    clock = SimClock()
+    buf = OutputBuffer(8, 30, clock=clock)
+    assert buf.take() is None
+    assert buf.take() is None
+    buf.put_nowait(_items(2))
+    assert buf.margin() == pytest.approx(-2.0)
+    # Underruns are counted per put: the next put with frames still queued is positive.
+    clock.t = 100.0
+    buf.put_nowait(_items(1))
+    assert buf.margin() == pytest.approx(2.0)
+
+
+def test_margin_counts_underruns_since_last_put_only():
+    clock = SimClock()
+    buf = OutputBuffer(8, 30, clock=clock)
+    buf.put_nowait(_items(1))
+    buf.take()
+    clock.t = 100.0
+    buf.take()  # one underrun
+    buf.put_nowait(_items(1))
+    assert buf.margin() == pytest.approx(-1.0)
+    clock.t = 200.0
+    buf.take()
+    buf.put_nowait(_items(1))  # ran to empty exactly, no underrun
+    assert buf.margin() == pytest.approx(0.0)
+
+
+def test_margin_floor_bounds_long_stalls():
+    clock = SimClock()
+    buf = OutputBuffer(8, 30, clock=clock)
+    for _ in range(100):
+        buf.take()
+    buf.put_nowait(_items(1))
+    assert buf.margin() == pytest.approx(OutputBuffer.MARGIN_FLOOR)
+    assert OutputBuffer.MARGIN_FLOOR < 0
+
+
+def test_underruns_not_counted_while_monitoring_disabled():
+    clock = SimClock()
+    buf = OutputBuffer(8, 30, clock=clock)
+    buf.rate.set_monitoring(False, 0.0)
+    for _ in range(5):
+        buf.take()
+    buf.rate.set_monitoring(True, 0.0)
+    buf.put_nowait(_items(1))
+    assert buf.margin() == pytest.approx(0.0)
+
+
+def test_flush_clears_pending_underruns():
+    clock = SimClock()
+    buf = OutputBuffer(8, 30, clock=clock)
+    buf.take()
+    buf.take()
+    buf.flush()
+    buf.put_nowait(_items(1))
+    assert buf.margin() == pytest.approx(0.0)
+
+
+def test_full_put_takes_no_margin_sample():
+    clock = SimClock()
+    buf = OutputBuffer(2, 30, clock=clock)
+    buf.put_nowait(_items(2))  # margin 0
+    clock.t = 100.0
+    assert buf.put_nowait(_items(1)) == 0
+    assert buf.margin() == pytest.approx(0.0)
+
+
+# ---- counters -------------------------------------------------------------------------
+
+
+def test_counters():
+    buf = OutputBuffer(3, 30)
+    buf.put_nowait(_items(2))
+    buf.take()
+    buf.put_blocking(_items(4), drop=True)
+    assert buf.emitted == 4
+    assert buf.taken == 1
+    assert buf.dropped == 2
+    assert buf.depth() == 3
