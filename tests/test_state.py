@@ -124,8 +124,8 @@ def test_private_fields_are_not_commands(commands):
     ]
 
 
-def test_private_field_may_break_no_rule_and_is_not_checked():
-    # Private fields are the model's own; a private default is never validated.
+def test_private_field_default_is_not_validated():
+    # Private fields are the model's own: no rules, no command.
     @dataclass
     class WithPrivate(InputState):
         _cache: Any = None
@@ -214,8 +214,7 @@ def test_non_dict_arguments_are_rejected(commands, arguments):
 
 
 def test_setter_without_its_value_is_rejected(commands):
-    # BUG: returns {} today, and ModelHost._apply then does args["brightness"]
-    # -> KeyError inside the session. A setter must carry its field.
+    # ModelHost._apply reads args[target]: a setter must carry its field.
     exc = rejection(commands["set_brightness"], {})
     assert exc.errors == [{"field": "brightness", "rule": "required", "value": None}]
 
@@ -246,10 +245,11 @@ def test_enum_accepts_values_and_rejects_others(commands):
 
 
 def test_list_field_checks_item_type_and_length():
-    validator = ParamValidator(
-        "tags",
-        state_fields(_make_list_state()),
-    )
+    @dataclass
+    class ListState(InputState):
+        tags: list[str] = InputField(default=["a"], max_length=2)
+
+    validator = ParamValidator("ListState", state_fields(ListState))
     assert validator.validate({"tags": ["a", "b"]}, partial=True) == {"tags": ["a", "b"]}
     with pytest.raises(InputRejected) as info:
         validator.validate({"tags": ["a", "b", "c"]}, partial=True)
@@ -259,18 +259,8 @@ def test_list_field_checks_item_type_and_length():
     assert info.value.errors[0]["rule"] == "type=list[str]"
 
 
-def _make_list_state():
-    @dataclass
-    class ListState(InputState):
-        tags: list[str] = InputField(default=["a"], max_length=2)
-
-    return ListState
-
-
 def test_literal_annotation_validates():
-    # BUG: the class definition itself raises RuntimeError("Unable to apply constraint
-    # 'strict' to schema of type 'literal'") because state.py adds strict=True to a
-    # Literal field.
+    # pydantic cannot apply strict=True to a Literal (RuntimeError at definition).
     @dataclass
     class LitState(InputState):
         mode: Literal["fast", "slow"] = "fast"
@@ -279,12 +269,13 @@ def test_literal_annotation_validates():
     assert validator.validate({"mode": "slow"}, partial=True) == {"mode": "slow"}
     with pytest.raises(InputRejected) as info:
         validator.validate({"mode": "medium"}, partial=True)
-    assert info.value.errors[0]["field"] == "mode"
-    assert info.value.errors[0]["value"] == "medium"
+    assert info.value.errors == [
+        {"field": "mode", "rule": "choices=['fast', 'slow']", "value": "medium"}
+    ]
+    assert "mode" in str(info.value)
 
 
 def test_optional_literal_annotation_validates():
-    # BUG: same crash as above for Optional[Literal[...]].
     @dataclass
     class LitState(InputState):
         mode: Optional[Literal["fast", "slow"]] = None
@@ -292,13 +283,15 @@ def test_optional_literal_annotation_validates():
     validator = ParamValidator("LitState", state_fields(LitState))
     assert validator.validate({"mode": None}, partial=True) == {"mode": None}
     assert validator.validate({"mode": "fast"}, partial=True) == {"mode": "fast"}
-    with pytest.raises(InputRejected):
+    with pytest.raises(InputRejected) as info:
         validator.validate({"mode": "medium"}, partial=True)
+    assert info.value.errors[0]["field"] == "mode"
+    assert info.value.errors[0]["rule"] == "choices=['fast', 'slow']"
 
 
-def test_choices_on_int_field_reject_bool():
-    # BUG: `choices` replaces the annotation with a non-strict Literal, so True is
-    # accepted as 1 (and 1.0 as 1) although JSON bools are not numbers.
+@pytest.mark.parametrize("value", [True, 1.0])
+def test_choices_on_int_field_reject_bool_and_float(value):
+    # JSON bools are not numbers, and choices must not relax the field's type.
     @dataclass
     class Levels(InputState):
         level: int = InputField(default=1, choices=[1, 2, 3])
@@ -306,5 +299,35 @@ def test_choices_on_int_field_reject_bool():
     validator = ParamValidator("Levels", state_fields(Levels))
     assert validator.validate({"level": 2}, partial=True) == {"level": 2}
     with pytest.raises(InputRejected) as info:
-        validator.validate({"level": True}, partial=True)
+        validator.validate({"level": value}, partial=True)
     assert info.value.errors[0]["field"] == "level"
+    assert info.value.errors[0]["value"] == value
+
+
+@pytest.mark.parametrize("value", [True, 2.0])
+def test_int_literal_rejects_bool_and_float(value):
+    # BUG: pydantic's Literal validation treats True == 1 and 2.0 == 2, even in strict
+    # mode, so `level: Literal[1, 2]` accepts a JSON bool or float (and stores 1 / 2).
+    @dataclass
+    class Levels(InputState):
+        level: Literal[1, 2] = 1
+
+    validator = ParamValidator("Levels", state_fields(Levels))
+    assert validator.validate({"level": 2}, partial=True) == {"level": 2}
+    with pytest.raises(InputRejected) as info:
+        validator.validate({"level": value}, partial=True)
+    assert info.value.errors[0]["field"] == "level"
+
+
+@pytest.mark.parametrize("value", [2, 2.0, 1.5])
+def test_float_choices_written_as_ints(value):
+    # A float field's choices may be written as ints; JSON may send 2.0 as 2.
+    @dataclass
+    class Guidance(InputState):
+        guidance: float = InputField(default=1.5, choices=[1, 1.5, 2])
+
+    validator = ParamValidator("Guidance", state_fields(Guidance))
+    assert validator.validate({"guidance": value}, partial=True) == {"guidance": value}
+    with pytest.raises(InputRejected) as info:
+        validator.validate({"guidance": 3}, partial=True)
+    assert info.value.errors[0]["rule"] == "choices=[1, 1.5, 2]"

@@ -38,7 +38,9 @@ def _params_of(fn: Callable[..., Any]) -> tuple[FieldSpec, ...]:
     sig = inspect.signature(fn)
     module = sys.modules.get(getattr(fn, "__module__", ""), None)
     try:
-        hints = typing.get_type_hints(fn, globalns=vars(module) if module else None)
+        hints = typing.get_type_hints(
+            fn, globalns=vars(module) if module else None, include_extras=True
+        )
     except Exception:
         hints = {}
     specs = []

@@ -50,7 +50,7 @@ def message_payload(message: ModelMessage | dict[str, Any]) -> dict[str, Any]:
     try:
         # Round-trip so numpy scalars and tuples become plain JSON values, and so a
         # bad payload fails here, in the model's code, rather than in the transport.
-        return json.loads(json.dumps(payload, default=_json_default))
+        return json.loads(json.dumps(payload, default=_json_default, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"message is not JSON-encodable: {exc}") from None
 

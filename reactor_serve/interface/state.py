@@ -14,12 +14,12 @@ import enum
 import sys
 import typing
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Annotated, Any, Literal, Sequence
 
 import pydantic
-from pydantic import ConfigDict, ValidationError
+from pydantic import AfterValidator, ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
+from pydantic_core import PydanticCustomError, PydanticUndefined
 
 __all__ = [
     "FieldSpec",
@@ -41,16 +41,6 @@ class _Missing:
 MISSING: Any = _Missing()
 
 
-@dataclass(frozen=True)
-class _Rules:
-    ge: float | None = None
-    le: float | None = None
-    min_length: int | None = None
-    max_length: int | None = None
-    choices: tuple[Any, ...] | None = None
-    description: str | None = None
-
-
 def InputField(  # noqa: N802 - named like pydantic's Field, which authors know
     default: Any = MISSING,
     *,
@@ -66,15 +56,15 @@ def InputField(  # noqa: N802 - named like pydantic's Field, which authors know
     Returns a dataclass field, so it works as a default in an `InputState` dataclass
     and as a parameter default of an `@event` handler.
     """
-    rules = _Rules(
-        ge=ge,
-        le=le,
-        min_length=min_length,
-        max_length=max_length,
-        choices=tuple(choices) if choices is not None else None,
-        description=description,
-    )
-    metadata = {_META_KEY: rules}
+    rules = {
+        "ge": ge,
+        "le": le,
+        "min_length": min_length,
+        "max_length": max_length,
+        "choices": tuple(choices) if choices is not None else None,
+        "description": description,
+    }
+    metadata = {_META_KEY: {k: v for k, v in rules.items() if v is not None}}
     if default is MISSING:
         return dataclasses.field(metadata=metadata)
     if isinstance(default, (list, dict, set)):
@@ -108,6 +98,9 @@ class FieldSpec:
     max_length: int | None = None
     choices: tuple[Any, ...] | None = None
     description: str | None = None
+    # Exclusive bounds: pydantic's Field(gt=, lt=) in the older API's commands.
+    gt: float | None = None
+    lt: float | None = None
 
     @property
     def required(self) -> bool:
@@ -121,7 +114,7 @@ class FieldSpec:
     def rules(self) -> dict[str, Any]:
         """The rules that apply, by name, for error messages and schemas."""
         out: dict[str, Any] = {}
-        for key in ("ge", "le", "min_length", "max_length", "choices"):
+        for key in ("ge", "gt", "le", "lt", "min_length", "max_length", "choices"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = list(value) if key == "choices" else value
@@ -130,9 +123,19 @@ class FieldSpec:
     @classmethod
     def from_default(cls, name: str, annotation: Any, default: Any) -> FieldSpec:
         """Build a spec from a parameter/field default, which may be an `InputField`,
-        a pydantic `Field(...)`, or a plain value."""
+        a pydantic `Field(...)`, or a plain value; constraints in an `Annotated[...]`
+        annotation count too."""
+        annotation, extra = _split_annotated(annotation)
+        annotation, literal_choices = _split_literal(annotation)
+        if literal_choices is not None:
+            extra.setdefault("choices", literal_choices)
+        spec = cls._from_default(name, annotation, default)
+        return dataclasses.replace(spec, **{k: v for k, v in extra.items() if v is not None})
+
+    @classmethod
+    def _from_default(cls, name: str, annotation: Any, default: Any) -> FieldSpec:
         if isinstance(default, dataclasses.Field):
-            rules = default.metadata.get(_META_KEY, _Rules())
+            rules = default.metadata.get(_META_KEY, {})
             plain = default.default
             factory = (
                 default.default_factory
@@ -144,12 +147,7 @@ class FieldSpec:
                 annotation=annotation,
                 default=MISSING if plain is dataclasses.MISSING else plain,
                 default_factory=factory,
-                ge=rules.ge,
-                le=rules.le,
-                min_length=rules.min_length,
-                max_length=rules.max_length,
-                choices=rules.choices,
-                description=rules.description,
+                **rules,
             )
         if isinstance(default, FieldInfo):
             return cls._from_pydantic(name, annotation, default)
@@ -159,16 +157,9 @@ class FieldSpec:
     def _from_pydantic(
         cls, name: str, annotation: Any, info: FieldInfo
     ) -> FieldSpec:
-        found: dict[str, Any] = {}
-        for item in info.metadata:
-            for attr, key in (
-                ("ge", "ge"),
-                ("le", "le"),
-                ("min_length", "min_length"),
-                ("max_length", "max_length"),
-            ):
-                if getattr(item, attr, None) is not None:
-                    found[key] = getattr(item, attr)
+        found = _constraints(info.metadata)
+        if info.description is not None:
+            found["description"] = info.description
         default = info.default
         if default is PydanticUndefined or default is Ellipsis:
             default = MISSING
@@ -177,30 +168,64 @@ class FieldSpec:
             annotation=annotation,
             default=default,
             default_factory=info.default_factory,
-            description=info.description,
             **found,
         )
 
 
-_STRICT_SCALARS = (bool, int, float, str)
+_CONSTRAINTS = ("ge", "gt", "le", "lt", "min_length", "max_length")
+
+
+def _constraints(metadata: Sequence[Any]) -> dict[str, Any]:
+    """Bounds from pydantic / annotated_types metadata objects."""
+    found: dict[str, Any] = {}
+    for item in metadata:
+        if isinstance(item, FieldInfo):
+            found.update(_constraints(item.metadata))
+            if item.description is not None:
+                found["description"] = item.description
+            continue
+        for key in _CONSTRAINTS:
+            if getattr(item, key, None) is not None:
+                found[key] = getattr(item, key)
+    return found
+
+
+def _split_literal(annotation: Any) -> tuple[Any, tuple[Any, ...] | None]:
+    """`Literal[1, 2]` -> (int, (1, 2)): checked as choices, with the values' type kept
+    strict (pydantic's Literal alone would take True for 1 and 2.0 for 2)."""
+    if typing.get_origin(annotation) is not Literal:
+        return annotation, None
+    values = typing.get_args(annotation)
+    types = {type(v) for v in values}
+    return (types.pop() if len(types) == 1 else Any), values
+
+
+def _split_annotated(annotation: Any) -> tuple[Any, dict[str, Any]]:
+    if typing.get_origin(annotation) is Annotated:
+        base, *metadata = typing.get_args(annotation)
+        return base, _constraints(metadata)
+    return annotation, {}
 
 
 def _pydantic_field(spec: FieldSpec) -> tuple[Any, Any]:
-    annotation = spec.annotation if spec.annotation is not Any else Any
+    annotation = spec.annotation
     if spec.choices is not None:
-        # Literal makes pydantic report `literal_error`, which we map to `choices`.
-        annotation = Literal[spec.choices]  # type: ignore[valid-type]
+        # Checked after the type, with exact types, so True is not taken for choice 1.
+        annotation = Annotated[annotation, AfterValidator(_choices_check(spec.choices))]
     kwargs: dict[str, Any] = {
         "ge": spec.ge,
+        "gt": spec.gt,
         "le": spec.le,
+        "lt": spec.lt,
         "min_length": spec.min_length,
         "max_length": spec.max_length,
         "description": spec.description,
     }
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     # JSON clients send strings as strings and numbers as numbers: anything else is a
-    # type error, not something to coerce. Enums arrive as their values, so they stay lax.
-    if spec.choices is None and not _contains_enum(spec.annotation):
+    # type error, not something to coerce. Enums arrive as their values, so they stay
+    # lax; pydantic has no strict mode for Literal, which is exact anyway.
+    if spec.annotation is not Any and not _contains(spec.annotation, _is_enum_or_literal):
         kwargs["strict"] = True
     if spec.required:
         return annotation, pydantic.Field(**kwargs)
@@ -209,10 +234,28 @@ def _pydantic_field(spec: FieldSpec) -> tuple[Any, Any]:
     return annotation, pydantic.Field(default=spec.default, **kwargs)
 
 
-def _contains_enum(annotation: Any) -> bool:
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+def _choices_check(choices: tuple[Any, ...]) -> Any:
+    def check(value: Any) -> Any:
+        # The field's strict type check already ran, so equality is enough except that
+        # True == 1 in Python: keep booleans and numbers apart.
+        if not any(value == c and isinstance(value, bool) == isinstance(c, bool) for c in choices):
+            raise PydanticCustomError("choices", "Input should be one of {choices}",
+                                      {"choices": list(choices)})
+        return value
+
+    return check
+
+
+def _is_enum_or_literal(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is Literal or (
+        isinstance(annotation, type) and issubclass(annotation, enum.Enum)
+    )
+
+
+def _contains(annotation: Any, predicate: Any) -> bool:
+    if predicate(annotation):
         return True
-    return any(_contains_enum(a) for a in typing.get_args(annotation))
+    return any(_contains(a, predicate) for a in typing.get_args(annotation))
 
 
 def _type_name(annotation: Any) -> str:
@@ -299,12 +342,18 @@ class ParamValidator:
                 "value": None,
                 "message": f"{name} is required",
             }
-        if spec is not None and kind == "literal_error":
+        if spec is not None and kind == "choices":
             rule = f"choices={list(spec.choices or ())}"
-        elif kind in ("greater_than_equal",):
-            rule = f"ge={ctx.get('ge', spec.ge if spec else None)}"
-        elif kind in ("less_than_equal",):
-            rule = f"le={ctx.get('le', spec.le if spec else None)}"
+        elif kind == "literal_error":
+            rule = f"choices={_literal_values(spec.annotation) if spec else ctx.get('expected')}"
+        elif kind == "greater_than_equal":
+            rule = f"ge={ctx.get('ge')}"
+        elif kind == "greater_than":
+            rule = f"gt={ctx.get('gt')}"
+        elif kind == "less_than_equal":
+            rule = f"le={ctx.get('le')}"
+        elif kind == "less_than":
+            rule = f"lt={ctx.get('lt')}"
         elif kind in ("string_too_short", "too_short"):
             rule = f"min_length={ctx.get('min_length', spec.min_length if spec else None)}"
         elif kind in ("string_too_long", "too_long"):
@@ -319,6 +368,12 @@ class ParamValidator:
             "value": _jsonable(given.get(name, value) if name else value),
             "message": f"{name}={_short_repr(value)} breaks {rule}",
         }
+
+
+def _literal_values(annotation: Any) -> list[Any]:
+    if typing.get_origin(annotation) is Literal:
+        return list(typing.get_args(annotation))
+    return [v for a in typing.get_args(annotation) for v in _literal_values(a)]
 
 
 def _short_repr(value: Any) -> str:

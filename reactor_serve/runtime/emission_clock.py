@@ -123,7 +123,7 @@ class EmissionClock:
         self._fps = interval_fps
         interval = 1.0 / interval_fps
         following = slot + interval
-        if now - following > interval:
+        if following <= now:
             # The consumer fell more than a tick behind: skip ahead rather than burst.
             following = now + interval
         self._next_slot = following

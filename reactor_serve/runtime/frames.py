@@ -46,13 +46,17 @@ def as_array(value: Any) -> np.ndarray:
     raise FrameError(f"expected a numpy array or torch tensor, got {_describe(value)}")
 
 
+def _array_for(value: Any, track: str, expected: str) -> np.ndarray:
+    try:
+        return as_array(value)
+    except FrameError:
+        raise FrameError(f"track {track!r}: expected {expected}, got {_describe(value)}") from None
+
+
 def video_batch(value: Any, track: str) -> np.ndarray:
     """`value` as an `(N, H, W, 3)` uint8 array (a single frame becomes N=1), no copy."""
     expected = "uint8 RGB frames of shape (H, W, 3) or (N, H, W, 3)"
-    try:
-        array = as_array(value)
-    except FrameError:
-        raise FrameError(f"track {track!r}: expected {expected}, got {_describe(value)}") from None
+    array = _array_for(value, track, expected)
     if array.ndim not in (3, 4) or array.shape[-1] != 3:
         channels = array.shape[-1] if array.ndim >= 3 else None
         problem = (
@@ -78,10 +82,7 @@ def video_batch(value: Any, track: str) -> np.ndarray:
 def audio_chunk(value: Any, track: str) -> np.ndarray:
     """`value` as an int16 `(channels, samples)` array, no copy."""
     expected = "int16 audio of shape (channels, samples)"
-    try:
-        array = as_array(value)
-    except FrameError:
-        raise FrameError(f"track {track!r}: expected {expected}, got {_describe(value)}") from None
+    array = _array_for(value, track, expected)
     if array.ndim != 2 or array.dtype != np.int16:
         raise FrameError(f"track {track!r}: expected {expected}, got {_describe(value)}")
     if array.shape[0] not in (1, 2):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -18,8 +19,15 @@ from typing import Any, Literal
 
 from reactor_serve.interface.events import EventDecl, event_decl, hook_kind
 from reactor_serve.interface.legacy import VideoModel
+from reactor_serve.interface.messages import snake_case
 from reactor_serve.interface.models import ReactorModel, ReactorPipeline
-from reactor_serve.interface.state import FieldSpec, InputState, ParamValidator, state_fields
+from reactor_serve.interface.state import (
+    FieldSpec,
+    InputRejected,
+    InputState,
+    ParamValidator,
+    state_fields,
+)
 from reactor_serve.interface.tracks import Input, Output, TrackDecl, Video, declared_tracks
 
 __all__ = ["CommandSpec", "ModelSpec", "ModelSpecError", "inspect_model"]
@@ -46,7 +54,13 @@ class CommandSpec:
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
         """Validated arguments; raises InputRejected naming the field and rule."""
-        return self.validator.validate(data, partial=self.kind == "setter")
+        args = self.validator.validate(data, partial=self.kind == "setter")
+        if self.kind == "setter" and self.target not in args:
+            raise InputRejected(
+                f"{self.name}: {{{self.target!r}: value}} is required",
+                [{"field": self.target, "rule": "required", "value": None}],
+            )
+        return args
 
 
 @dataclass(frozen=True)
@@ -108,9 +122,14 @@ def inspect_model(cls: type, name: str | None = None) -> ModelSpec:
 
     fps = getattr(cls, "fps", 30)
     buffer_size = getattr(cls, "buffer_size", 4)
-    if not isinstance(fps, (int, float)) or fps <= 0:
+    if (
+        isinstance(fps, bool)
+        or not isinstance(fps, (int, float))
+        or not math.isfinite(fps)
+        or fps <= 0
+    ):
         raise ModelSpecError(f"{cls.__qualname__}.fps must be a positive number, got {fps!r}")
-    if not isinstance(buffer_size, int) or buffer_size < 1:
+    if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
         raise ModelSpecError(
             f"{cls.__qualname__}.buffer_size must be a positive integer, got {buffer_size!r}"
         )
@@ -135,10 +154,9 @@ def inspect_model(cls: type, name: str | None = None) -> ModelSpec:
 
 def _model_name(cls: type, name: str | None) -> str:
     info = getattr(cls, "__reactor_model__", None)
-    chosen = name or (info.name if info else None)
+    chosen = name if name is not None else (info.name if info else None)
     if chosen is None:
-        chosen = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", cls.__name__).lower()
-        chosen = re.sub(r"[^a-z0-9-]+", "-", chosen).strip("-") or "model"
+        chosen = re.sub(r"[^a-z0-9-]+", "-", snake_case(cls.__name__)).strip("-") or "model"
     if not _NAME.match(chosen):
         raise ModelSpecError(
             f"model name {chosen!r} must be lowercase letters, digits and hyphens"

@@ -130,14 +130,10 @@ class OutputBuffer:
         """Queue `items` from an event loop: wait for space, or with `drop` discard
         what does not fit."""
         pending = items
-        while pending:
+        while True:
             with self._cond:
-                placed = self._put_locked(pending)
-                pending = pending[placed:]
+                pending = self._place_locked(pending, drop)
                 if not pending:
-                    break
-                if drop:
-                    self.dropped += len(pending)
                     break
                 waiter = self._async_waiters.add()
             try:
@@ -156,22 +152,25 @@ class OutputBuffer:
         """Queue `items` from a plain thread. Returns False if `should_stop` became true
         while waiting (the rest are discarded)."""
         pending = items
+        stopped = False
         with self._cond:
-            while pending:
-                placed = self._put_locked(pending)
-                pending = pending[placed:]
-                if not pending:
-                    break
-                if drop:
-                    self.dropped += len(pending)
-                    break
+            while pending := self._place_locked(pending, drop):
                 if should_stop():
-                    self.rate.returned(self.clock())
-                    return False
+                    stopped = True
+                    break
                 # A timeout, because should_stop() is a plain flag nobody notifies on.
                 self._cond.wait(timeout=0.05)
         self.rate.returned(self.clock())
-        return True
+        return not stopped
+
+    def _place_locked(self, pending: list[FrameItem], drop: bool) -> list[FrameItem]:
+        """Queue what fits; returns what is still waiting for space (none with `drop`)."""
+        placed = self._put_locked(pending)
+        rest = pending[placed:]
+        if rest and drop:
+            self.dropped += len(rest)
+            return []
+        return rest
 
     def _put_locked(self, items: list[FrameItem]) -> int:
         room = self.capacity - len(self._items)
