@@ -402,12 +402,16 @@ def test_effective_fps_is_min_of_target_and_rate():
 def test_margin_correction_is_small_and_bounded():
     now, buf, clock = _make(fps=100, capacity=64)
     buf.rate.record(0.0, 20, 1.0)  # 20 fps
-    # Lots of cushion: tick faster, but at most MAX_CORRECTION faster.
-    buf.put_nowait([FrameItem(video={})] * 40)
+    # A little more cushion than the goal: tick faster, at most MAX_CORRECTION faster.
+    buf.put_nowait([FrameItem(video={})] * 3)
     now.t = 100.0
     buf.put_nowait([FrameItem(video={})])
-    assert buf.margin() == pytest.approx(40.0)
-    assert clock.effective_fps() == pytest.approx(20 * (1 + EmissionClock.MAX_CORRECTION))
+    assert buf.margin() == pytest.approx(3.0)
+    expected = 1 + min(
+        EmissionClock.MAX_CORRECTION, (3.0 - EmissionClock.MARGIN_GOAL) / (20 * 2.0)
+    )
+    assert clock.effective_fps() == pytest.approx(20 * expected)
+    assert clock.effective_fps() <= 20 * (1 + EmissionClock.MAX_CORRECTION) + 1e-9
     # Ran dry: tick slower, at most MAX_CORRECTION slower.
     buf.flush()
     for _ in range(10):
@@ -416,6 +420,18 @@ def test_margin_correction_is_small_and_bounded():
     assert buf.margin() < 0
     assert clock.effective_fps() == pytest.approx(20 * (1 - EmissionClock.MAX_CORRECTION))
     assert EmissionClock.MAX_CORRECTION <= 0.1
+
+
+def test_far_too_much_cushion_is_worked_off_faster_but_bounded():
+    now, buf, clock = _make(fps=100, capacity=64)
+    buf.rate.record(0.0, 20, 1.0)  # 20 fps
+    buf.put_nowait([FrameItem(video={})] * 40)
+    now.t = 100.0
+    buf.put_nowait([FrameItem(video={})])
+    assert buf.margin() == pytest.approx(40.0)
+    # Latency from a stall: speed up by more than the normal nudge, never past the cap.
+    assert clock.effective_fps() == pytest.approx(20 * (1 + EmissionClock.MAX_CATCH_UP))
+    assert EmissionClock.MAX_CATCH_UP <= 0.25
 
 
 def test_margin_correction_never_exceeds_target():
@@ -510,9 +526,11 @@ def test_reported_compute_time_sets_the_pace():
     )
     assert result.buffer.rate.rate() == pytest.approx(20.0)
     fps = [p.fps for p in result.window(3.0)]
-    limit = EmissionClock.MAX_CORRECTION
-    assert min(fps) >= 20 * (1 - limit) - 1e-9
-    assert max(fps) <= 20 * (1 + limit) + 1e-9
+    # Paced from the reported rate, corrected (within bounds) towards what really
+    # arrives, so neither running dry nor piling up latency.
+    assert min(fps) >= 20 * (1 - EmissionClock.MAX_CORRECTION) - 1e-9
+    assert max(fps) <= 20 * (1 + EmissionClock.MAX_CATCH_UP) + 1e-9
+    assert result.held(3.0) == 0
 
 
 def test_compute_time_paces_from_the_first_block():

@@ -548,3 +548,45 @@ def test_counters():
     assert buf.taken == 1
     assert buf.dropped == 2
     assert buf.depth() == 3
+
+
+async def test_flush_discards_the_rest_of_an_emit_that_was_waiting():
+    buf = OutputBuffer(2, 30)
+    await buf.put(_items(2))
+    producer = asyncio.create_task(buf.put(_items(3, value=100)))
+    await asyncio.sleep(0.05)
+    assert not producer.done()
+    buf.flush()
+    await asyncio.wait_for(producer, WAIT)
+    # After a flush the client sees black, not the tail of a pre-flush block.
+    assert list(buf.drain()) == []
+
+
+def test_put_blocking_discards_the_rest_after_a_flush():
+    buf = OutputBuffer(1, 30)
+    buf.put_nowait(_items(1))
+    done = threading.Event()
+
+    def produce():
+        buf.put_blocking(_items(3, value=50))
+        done.set()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    assert not done.wait(0.1)
+    buf.flush()
+    assert done.wait(WAIT)
+    thread.join()
+    assert list(buf.drain()) == []
+
+
+@pytest.mark.parametrize("fps", [np.float32(24), np.int64(15), 12.5])
+def test_set_fps_accepts_numpy_and_python_numbers(fps):
+    buf = OutputBuffer(2, 30)
+    buf.set_fps(fps)
+    assert buf.target_fps == float(fps) and type(buf.target_fps) is float
+
+
+def test_set_fps_rejects_bool():
+    with pytest.raises(ValueError, match="fps"):
+        OutputBuffer(2, 30).set_fps(True)

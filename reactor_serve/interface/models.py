@@ -91,7 +91,8 @@ class ReactorModel(_HostedModel):
 
         Waits while the output buffer is full, or with `drop=True` discards what does
         not fit. `compute_time` (seconds) lets the runtime match the emission rate to
-        the model's throughput.
+        the model's throughput. Frames are queued without copying: emit a fresh array
+        (as `tensor.cpu().numpy()` gives) rather than one you overwrite afterwards.
         """
         await self._binding().emit(output, drop, compute_time)
 

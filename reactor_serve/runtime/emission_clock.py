@@ -52,6 +52,7 @@ class EmissionClock:
     # relative speed-up or slow-down that correction may apply.
     CORRECTION_HORIZON_S = 2.0
     MAX_CORRECTION = 0.08
+    MAX_CATCH_UP = 0.25
     MIN_FPS = 1.0
     # The event loop's timers wake with millisecond granularity (epoll), which alone
     # would add up to 1 ms of jitter per frame. The last stretch before a slot is slept
@@ -97,8 +98,14 @@ class EmissionClock:
         margin = self.buffer.margin()
         correction = 0.0
         if margin is not None:
-            correction = (margin - self.MARGIN_GOAL) / (rate * self.CORRECTION_HORIZON_S)
-            correction = max(-self.MAX_CORRECTION, min(self.MAX_CORRECTION, correction))
+            excess = margin - self.MARGIN_GOAL
+            correction = excess / (rate * self.CORRECTION_HORIZON_S)
+            # Far more queued than the cushion (after an undeclared stall, say) is
+            # worked off faster, so latency does not linger for many seconds.
+            speed_up_limit = min(
+                self.MAX_CATCH_UP, self.MAX_CORRECTION + 0.02 * max(0.0, excess - 2.0)
+            )
+            correction = max(-self.MAX_CORRECTION, min(speed_up_limit, correction))
         return max(self.MIN_FPS, min(target, rate * (1.0 + correction)))
 
     async def next_frame(self) -> PresentedFrame:

@@ -117,8 +117,8 @@ class InputBuffer:
     def _check_n(self, n: int) -> None:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
-        if n > self._capacity:
-            # Grow so a model asking for n frames can ever get them.
-            with self._lock:
+        with self._lock:
+            if n > self._capacity:
+                # Grow so a model asking for n frames can ever get them.
                 self._capacity = n
                 self._frames = collections.deque(self._frames, maxlen=n)

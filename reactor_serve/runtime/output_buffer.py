@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import math
+import numbers
 import threading
 import time
 from dataclasses import dataclass, field
@@ -130,9 +131,10 @@ class OutputBuffer:
         """Queue `items` from an event loop: wait for space, or with `drop` discard
         what does not fit."""
         pending = items
+        flushes = self._flushes
         while True:
             with self._cond:
-                pending = self._place_locked(pending, drop)
+                pending = self._place_locked(pending, drop, flushes)
                 if not pending:
                     break
                 waiter = self._async_waiters.add()
@@ -153,8 +155,9 @@ class OutputBuffer:
         while waiting (the rest are discarded)."""
         pending = items
         stopped = False
+        flushes = self._flushes
         with self._cond:
-            while pending := self._place_locked(pending, drop):
+            while pending := self._place_locked(pending, drop, flushes):
                 if should_stop():
                     stopped = True
                     break
@@ -163,8 +166,15 @@ class OutputBuffer:
         self.rate.returned(self.clock())
         return not stopped
 
-    def _place_locked(self, pending: list[FrameItem], drop: bool) -> list[FrameItem]:
-        """Queue what fits; returns what is still waiting for space (none with `drop`)."""
+    def _place_locked(
+        self, pending: list[FrameItem], drop: bool, flushes: int
+    ) -> list[FrameItem]:
+        """Queue what fits; returns what is still waiting for space (none with `drop`).
+
+        A flush while the emit waited discards the rest of it: the client was meant to
+        see black, not the tail of a block from before the flush."""
+        if flushes != self._flushes:
+            return []
         placed = self._put_locked(pending)
         rest = pending[placed:]
         if rest and drop:
@@ -217,6 +227,11 @@ class OutputBuffer:
 
     @staticmethod
     def _check_fps(fps: float) -> None:
-        if not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
+        if (
+            isinstance(fps, bool)
+            or not isinstance(fps, numbers.Real)
+            or not math.isfinite(fps)
+            or fps <= 0
+        ):
             raise ValueError(f"fps must be a positive number, got {fps!r}")
 
