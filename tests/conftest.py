@@ -1,4 +1,5 @@
 import contextlib
+from pathlib import Path
 
 import pytest
 
@@ -8,11 +9,14 @@ from reactor_serve.runtime.host import ModelHost
 
 @pytest.fixture
 def host_of():
-    """Start a ModelHost for a model class; shut it down after the test."""
+    """Start a ModelHost for a model class or model directory; shut it down after."""
     hosts = []
 
-    def start(model_cls, config=None, **kwargs):
-        host = ModelHost(model_cls, config, **kwargs)
+    def start(model, config=None, **kwargs):
+        if isinstance(model, (str, Path)):
+            host = ModelHost.from_manifest(model)
+        else:
+            host = ModelHost(model, config, **kwargs)
         host.start(timeout=30)
         hosts.append(host)
         return host

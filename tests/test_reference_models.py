@@ -10,24 +10,13 @@ from conftest import connected
 
 from reactor_serve.interface import get_ctx
 from reactor_serve.runtime.driver import LocalClient
-from reactor_serve.runtime.host import ModelHost
 
 MODELS = Path(__file__).parent / "reference_models"
 
 
 @pytest.fixture
-def manifest_host():
-    hosts = []
-
-    def start(name):
-        host = ModelHost.from_manifest(MODELS / name)
-        host.start(timeout=30)
-        hosts.append(host)
-        return host
-
-    yield start
-    for host in hosts:
-        host.shutdown()
+def manifest_host(host_of):
+    return lambda name: host_of(MODELS / name)
 
 
 async def test_video_to_video_reference_example(manifest_host):

@@ -1,0 +1,39 @@
+"""The session engine: runs one model instance and its sessions, with paced output.
+
+Transports (WebRTC, the in-process `LocalClient`) plug in through `ModelHost.open_session`
+and the returned `Session`: its `clock` for output, `push_input` and `command` for input.
+"""
+
+from reactor_serve.runtime.driver import LocalClient, ReceivedFrame
+from reactor_serve.runtime.emission_clock import EmissionClock, PresentedFrame
+from reactor_serve.runtime.frames import FrameError
+from reactor_serve.runtime.host import ModelHost, ModelLoadError, SessionBusy
+from reactor_serve.runtime.input_buffer import InputBuffer
+from reactor_serve.runtime.manifest import Manifest, ManifestError, load_manifest
+from reactor_serve.runtime.model_spec import CommandSpec, ModelSpec, ModelSpecError, inspect_model
+from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer
+from reactor_serve.runtime.session import EndReason, Session, SessionSink
+
+__all__ = [
+    "CommandSpec",
+    "EmissionClock",
+    "EndReason",
+    "FrameError",
+    "FrameItem",
+    "InputBuffer",
+    "LocalClient",
+    "Manifest",
+    "ManifestError",
+    "ModelHost",
+    "ModelLoadError",
+    "ModelSpec",
+    "ModelSpecError",
+    "OutputBuffer",
+    "PresentedFrame",
+    "ReceivedFrame",
+    "Session",
+    "SessionBusy",
+    "SessionSink",
+    "inspect_model",
+    "load_manifest",
+]

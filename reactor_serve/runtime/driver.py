@@ -6,13 +6,11 @@ sink, runs the session's `EmissionClock` on the event loop it was opened on (the
 Python objects: presented frames with their timestamps, messages, and the end of the
 session. Use it to test a model, or to run one from a script:
 
-    host = ModelHost.from_manifest("examples/gradient")
-    host.start()
-    async with LocalClient(host) as client:
-        client.send_command("set_brightness", {"brightness": 1.5})
-        frame = await client.next_frame()
-        print(frame.video["main_video"].shape, frame.pts)
-    host.shutdown()
+    with ModelHost.from_manifest("my-model") as host:
+        async with LocalClient(host) as client:
+            client.send_command("set_brightness", {"brightness": 1.5})
+            frame = await client.next_frame()
+            print(frame.video["main_video"].shape, frame.pts)
 """
 
 from __future__ import annotations
