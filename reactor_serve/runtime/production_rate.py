@@ -23,6 +23,9 @@ class ProductionRate:
         self.min_samples = min_samples
         self._lock = threading.Lock()
         self._samples: collections.deque[tuple[float, int, float]] = collections.deque()
+        # Running sums over the window, so rate() is O(1) on every emission tick.
+        self._frames = 0
+        self._seconds = 0.0
         self._last_return: float | None = None
         self._monitoring = True
         self._frozen: float | None = None
@@ -32,6 +35,7 @@ class ProductionRate:
         the model's own time starts: how long it worked on it is unknown."""
         with self._lock:
             self._samples.clear()
+            self._frames, self._seconds = 0, 0.0
             self._last_return = None
             self._monitoring = True
             self._frozen = None
@@ -50,11 +54,15 @@ class ProductionRate:
             if seconds <= 0:
                 return
             self._samples.append((now, frames, seconds))
+            self._frames += frames
+            self._seconds += seconds
             while (
                 len(self._samples) > self.min_samples
                 and now - self._samples[0][0] > self.window_s
             ):
-                self._samples.popleft()
+                _, old_frames, old_seconds = self._samples.popleft()
+                self._frames -= old_frames
+                self._seconds -= old_seconds
 
     def returned(self, now: float) -> None:
         """The emit returned to the model at `now`: its own time starts again here."""
@@ -84,8 +92,6 @@ class ProductionRate:
             return self._rate_locked()
 
     def _rate_locked(self) -> float | None:
-        if not self._samples:
+        if not self._samples or self._seconds <= 0:
             return None
-        frames = sum(s[1] for s in self._samples)
-        seconds = sum(s[2] for s in self._samples)
-        return frames / seconds if seconds > 0 else None
+        return self._frames / self._seconds
