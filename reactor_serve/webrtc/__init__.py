@@ -1,0 +1,1 @@
+"""The WebRTC binding of a session (aiortc) and the client protocol of PROTOCOL.md."""
