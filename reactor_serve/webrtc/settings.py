@@ -57,8 +57,8 @@ class WebRTCSettings(BaseModel):
     min_bitrate_kbps: int = Field(default=250, ge=50, le=100_000)
     max_bitrate_kbps: int = Field(default=6000, ge=50, le=100_000)
     ice_servers: list[IceServer] = Field(default_factory=list)
-    # Offer 127.0.0.1 as a host candidate (aioice leaves it out): for a browser or
-    # client on the same machine, as in `reactor run` on a laptop and in tests.
+    # Gather host candidates on 127.0.0.1 only: for a browser or client on the same
+    # machine, as with `reactor run` on a laptop and in tests (see webrtc/ice.py).
     loopback_candidates: bool = False
     # A session with no inbound data-channel frame for this long is ended (client gone).
     idle_timeout_s: float = Field(default=20.0, gt=0)

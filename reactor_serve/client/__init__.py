@@ -1,0 +1,17 @@
+"""Python client for reactor-serve sessions, speaking PROTOCOL.md over WebRTC.
+
+    from reactor_serve.client import connect
+    client = await connect("http://127.0.0.1:8080")
+"""
+
+from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo
+from reactor_serve.client.session import ReactorClient, SessionRefused, connect
+
+__all__ = [
+    "ClientPeer",
+    "ReactorClient",
+    "ReceivedAudio",
+    "ReceivedVideo",
+    "SessionRefused",
+    "connect",
+]

@@ -1,0 +1,248 @@
+"""Media tracks of one session: paced output senders and input receivers.
+
+`OutputFanout` runs the session's `EmissionClock` on the media loop and hands each
+presented slot to the output tracks: every video track sends the slot's frame with
+the slot's pts (90 kHz), every audio track queues the slot's samples and sends 20 ms
+Opus frames on the same clock. Tracks belong to one peer connection; a reconnect
+makes new ones on the same fanout, so the model's output is never interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fractions
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame, VideoFrame
+
+from reactor_serve.interface.tracks import TrackDecl
+from reactor_serve.runtime.emission_clock import (
+    AUDIO_CLOCK_RATE,
+    VIDEO_CLOCK_RATE,
+    EmissionClock,
+    PresentedFrame,
+)
+from reactor_serve.runtime.session import Session
+
+__all__ = ["OutputFanout", "PacedAudioTrack", "PacedVideoTrack", "receive_input"]
+
+log = logging.getLogger("reactor_serve.webrtc")
+
+VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_CLOCK_RATE)
+AUDIO_TIME_BASE = fractions.Fraction(1, AUDIO_CLOCK_RATE)
+AUDIO_FRAME_SAMPLES = AUDIO_CLOCK_RATE // 50  # 20 ms, Opus's usual frame
+
+
+class PacedVideoTrack(MediaStreamTrack):
+    """Sends one output video track: the latest presented frame, stamped with its slot."""
+
+    kind = "video"
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self._latest: tuple[np.ndarray, int] | None = None
+        self._fresh = asyncio.Event()
+        self.sent = 0
+        # Frames presented while the encoder was still busy with an earlier one.
+        self.superseded = 0
+
+    def offer(self, image: np.ndarray, pts: int) -> None:
+        if self._fresh.is_set():
+            self.superseded += 1
+        self._latest = (image, pts)
+        self._fresh.set()
+
+    async def recv(self) -> VideoFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self._fresh.wait()
+        self._fresh.clear()
+        if self.readyState != "live" or self._latest is None:
+            raise MediaStreamError
+        image, pts = self._latest
+        frame = VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+        frame.pts = pts
+        frame.time_base = VIDEO_TIME_BASE
+        self.sent += 1
+        return frame
+
+    def stop(self) -> None:
+        super().stop()
+        self._fresh.set()  # wake a pending recv() so it can raise
+
+
+class PacedAudioTrack(MediaStreamTrack):
+    """Sends one output audio track as 20 ms frames at 48 kHz, on the session's clock.
+
+    The model's audio arrives in slot-sized chunks; it is queued and cut into the
+    fixed frames Opus wants. Gaps become silence; a queue longer than `MAX_QUEUE_S`
+    (the model producing faster than real time) loses its oldest samples rather than
+    drifting out of sync with the video.
+    """
+
+    kind = "audio"
+    MAX_QUEUE_S = 0.25
+
+    def __init__(self, name: str, channels: int = 1) -> None:
+        super().__init__()
+        self.name = name
+        self.channels = 2 if channels == 2 else 1
+        self._queue: collections.deque[np.ndarray] = collections.deque()
+        self._queued = 0
+        self._start: float | None = None
+        self._pts = 0
+        self.dropped_samples = 0
+
+    def offer(self, chunk: np.ndarray) -> None:
+        if chunk.shape[0] != self.channels:
+            chunk = (
+                np.repeat(chunk, 2, axis=0)
+                if self.channels == 2
+                else chunk.mean(axis=0, keepdims=True).astype(np.int16)
+            )
+        self._queue.append(chunk)
+        self._queued += chunk.shape[1]
+        limit = int(self.MAX_QUEUE_S * AUDIO_CLOCK_RATE)
+        while self._queued > limit and len(self._queue) > 1:
+            old = self._queue.popleft()
+            self._queued -= old.shape[1]
+            self.dropped_samples += old.shape[1]
+
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+        else:
+            wait = self._start + self._pts / AUDIO_CLOCK_RATE - now
+            if wait > 0:
+                await asyncio.sleep(wait)
+        samples = self._take(AUDIO_FRAME_SAMPLES)
+        frame = AudioFrame.from_ndarray(
+            samples.T.reshape(1, -1).copy(),  # packed s16: interleaved channels
+            format="s16",
+            layout="stereo" if self.channels == 2 else "mono",
+        )
+        frame.sample_rate = AUDIO_CLOCK_RATE
+        frame.pts = self._pts
+        frame.time_base = AUDIO_TIME_BASE
+        self._pts += AUDIO_FRAME_SAMPLES
+        return frame
+
+    def _take(self, count: int) -> np.ndarray:
+        out = np.zeros((self.channels, count), dtype=np.int16)
+        filled = 0
+        while filled < count and self._queue:
+            chunk = self._queue[0]
+            n = min(count - filled, chunk.shape[1])
+            out[:, filled : filled + n] = chunk[:, :n]
+            filled += n
+            if n == chunk.shape[1]:
+                self._queue.popleft()
+            else:
+                self._queue[0] = chunk[:, n:]
+            self._queued -= n
+        return out
+
+
+class OutputFanout:
+    """Drives one session's emission clock and feeds the output tracks subscribed to it."""
+
+    def __init__(self, clock: EmissionClock, outputs: tuple[TrackDecl, ...]) -> None:
+        self.clock = clock
+        self.outputs = {t.name: t for t in outputs}
+        self._video: dict[str, list[PacedVideoTrack]] = collections.defaultdict(list)
+        self._audio: dict[str, list[PacedAudioTrack]] = collections.defaultdict(list)
+        self._task: asyncio.Task[None] | None = None
+        self.last_presented: PresentedFrame | None = None
+
+    def track(self, name: str) -> MediaStreamTrack:
+        """A new sender track for output `name`, fed from the next slot on."""
+        decl = self.outputs[name]
+        if decl.kind == "video":
+            video = PacedVideoTrack(name)
+            self._video[name].append(video)
+            return video
+        audio = PacedAudioTrack(name, decl.channels)
+        self._audio[name].append(audio)
+        return audio
+
+    def release(self, track: MediaStreamTrack) -> None:
+        for tracks in (*self._video.values(), *self._audio.values()):
+            if track in tracks:
+                tracks.remove(track)  # type: ignore[arg-type]
+        track.stop()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for tracks in (*self._video.values(), *self._audio.values()):
+            for track in list(tracks):
+                track.stop()
+
+    async def _run(self) -> None:
+        while True:
+            presented = await self.clock.next_frame()
+            self.last_presented = presented
+            for name, tracks in self._video.items():
+                image = presented.video.get(name)
+                if image is not None:
+                    for video in tracks:
+                        video.offer(image, presented.pts)
+            for name, tracks in self._audio.items():
+                chunk = presented.audio.get(name)
+                if chunk is not None and chunk.shape[1]:
+                    for audio in tracks:
+                        audio.offer(chunk)
+
+    def superseded(self) -> int:
+        return sum(t.superseded for tracks in self._video.values() for t in tracks)
+
+
+async def receive_input(track: MediaStreamTrack, name: str, session: Session) -> None:
+    """Feed a client's track into the model's input buffer `name` until it ends.
+
+    Decoded frames are converted to RGB off the media loop; the input buffer keeps only
+    the latest frames, so memory stays bounded however fast the client sends.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        if session.stopping:
+            return
+        try:
+            if isinstance(frame, VideoFrame):
+                array: Any = await loop.run_in_executor(None, _to_rgb, frame)
+            else:
+                array = _to_int16(frame)
+            session.push_input(name, array)
+        except Exception:
+            log.exception("input track %r: could not deliver a frame", name)
+
+
+def _to_rgb(frame: VideoFrame) -> np.ndarray:
+    return frame.to_ndarray(format="rgb24")
+
+
+def _to_int16(frame: AudioFrame) -> np.ndarray:
+    channels = len(frame.layout.channels)
+    data = frame.to_ndarray()
+    if frame.format.name != "s16":
+        data = frame.reformat(format="s16").to_ndarray()
+    return data.reshape(-1, channels).T.copy() if data.shape[0] == 1 else data
