@@ -104,17 +104,28 @@ def _cmd_check(args: argparse.Namespace) -> int:
     async def session() -> dict[str, object]:
         client = LocalClient(host)
         await client.connect()
+        # Models driven by a camera produce nothing without input: feed each input
+        # video track a moving test pattern at the model's frame rate.
+        feeders = [
+            asyncio.create_task(_feed_test_pattern(client, track.name, spec.fps))
+            for track in spec.inputs
+            if track.kind == "video"
+        ]
         started = client.session.clock.clock() if client.session else 0.0
-        first_new: float | None = None
         try:
             first = await client.next_frame(timeout=max(args.seconds, 10.0))
-            first_new = first.presented_at - started
             await asyncio.sleep(args.seconds)
             stats = client.session.stats() if client.session else {}
+        except (TimeoutError, ConnectionError) as exc:
+            reason = f" ({client.end_detail})" if client.end_detail else ""
+            raise CommandError(f"{spec.name}: {exc}{reason}") from None
         finally:
+            for feeder in feeders:
+                feeder.cancel()
             await client.close()
         shape = {name: list(frame.shape) for name, frame in first.video.items()}
-        return {"first_frame_ms": round(first_new * 1000, 1), "frame_shapes": shape, **stats}
+        first_ms = round((first.presented_at - started) * 1000, 1)
+        return {"first_frame_ms": first_ms, "frame_shapes": shape, **stats}
 
     try:
         report = asyncio.run(session())
@@ -124,9 +135,114 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- run
+
+
+def _add_run(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="serve a model over WebRTC on this machine",
+        description=(
+            "Load the model in PATH and serve it to browsers and Reactor clients "
+            "(PROTOCOL.md's session API at the root of http://HOST:PORT/), one "
+            "session at a time."
+        ),
+    )
+    parser.add_argument("path", metavar="PATH", nargs="?", default=".", help="model directory")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    parser.add_argument(
+        "--token",
+        metavar="T",
+        default=None,
+        help="require this token: 'Authorization: Bearer T' or the URL prefix /t/T/",
+    )
+    parser.set_defaults(handler=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from reactor_serve.runtime.host import ModelLoadError
+    from reactor_serve.webrtc.devserver import create_app
+    from reactor_serve.webrtc.settings import WebRTCSettingsError
+
+    # A browser on this machine reaches a loopback server through 127.0.0.1, which
+    # aioice leaves out of its candidates unless told otherwise.
+    override = {"loopback_candidates": True} if _is_loopback(args.host) else None
+    try:
+        app = create_app(args.path, settings_override=override, auth_token=args.token)
+    except WebRTCSettingsError as exc:
+        raise CommandError(str(exc)) from exc
+    host = app.state.host
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # Loaded here rather than in the app's startup: a failing load() is then reported
+    # once, with the model's traceback, instead of inside uvicorn's lifespan error.
+    try:
+        host.start()
+    except ModelLoadError as exc:
+        host.shutdown()
+        raise CommandError(f"model {host.spec.name} failed to load: {exc}") from exc
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", lifespan="on")
+    server = uvicorn.Server(config)
+    url = _url(args.host, args.port) + (f"t/{args.token}/" if args.token else "")
+    print(f"Serving model {host.spec.name} at {url}", flush=True)
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn exits when it cannot bind or start
+        raise CommandError(f"could not serve on {args.host}:{args.port} (see the log above)") from exc
+    except KeyboardInterrupt:
+        pass
+    finally:
+        # The app's shutdown normally did this; not if uvicorn never started it.
+        host.shutdown()
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
+
+
+async def _feed_test_pattern(client: object, track: str, fps: float) -> None:
+    import asyncio
+    import time
+
+    import numpy as np
+
+    y, x = np.mgrid[0:480, 0:640]
+    base = np.stack([x % 256, y % 256, np.full_like(x, 128)], axis=-1).astype(np.uint8)
+    deadline = time.monotonic()
+    index = 0
+    while True:
+        client.send_frame(track, np.roll(base, index * 4, axis=1))  # type: ignore[attr-defined]
+        index += 1
+        deadline += 1.0 / fps
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+
+
 # --------------------------------------------------------------------------- main
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_init, _add_check]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_init,
+    _add_check,
+    _add_run,
+]
 
 
 def _build_parser() -> argparse.ArgumentParser:

@@ -218,7 +218,7 @@ class LocalClient:
                 )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"no {what} within {timeout} s")
+                raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
             waiter = self._loop.create_future()
             self._waiters.append(waiter)
             try:
