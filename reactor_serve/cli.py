@@ -180,6 +180,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from exc
     host = app.state.host
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # aioice and aiortc narrate every ICE check at INFO; keep the author's log readable.
+    for noisy in ("aioice", "aiortc"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     # Loaded here rather than in the app's startup: a failing load() is then reported
     # once, with the model's traceback, instead of inside uvicorn's lifespan error.
     try:

@@ -55,6 +55,7 @@ class FakeBackend:
         self.latest: dict[str, int] = {}
         self.pending_status: dict[str, Any] = {"status": "queued", "position": 1, "eta_s": 3}
         self.stopped: list[str] = []
+        self.candidates: list[tuple[str, list, bool]] = []
         self.ice = [{"uris": ["stun:stun.example.org:3478"]}]
         self._n = 0
         self._cid = 100
@@ -113,6 +114,10 @@ class FakeBackend:
 
     def ice_servers(self):
         return self.ice
+
+    async def add_ice_candidates(self, session_id, candidates, is_final):
+        self.get_session(session_id)
+        self.candidates.append((session_id, list(candidates), is_final))
 
     # test helpers
     def answer(self, cid, sdp="v=0 answer"):
@@ -345,13 +350,14 @@ async def test_unknown_session_is_404_on_every_session_route(http):
         assert isinstance(r.json()["detail"], str)
 
 
-async def test_ice_candidates_are_accepted(http):
+async def test_ice_candidates_are_passed_to_the_backend(http, fake):
     sid = await start(http)
+    candidate = {"candidate": "candidate:1 1 udp 1 1.2.3.4 5 typ host",
+                 "sdp_mid": "0", "sdp_mline_index": 0}
     r = await http.post(W.format(sid=sid) + "/ice_candidates",
-                        json={"candidates": [{"candidate": "candidate:1 1 udp 1 1.2.3.4 5 typ host",
-                                              "sdp_mid": "0", "sdp_mline_index": 0}],
-                              "is_final": False})
+                        json={"candidates": [candidate], "is_final": False})
     assert r.status_code == 202
+    assert fake.candidates == [(sid, [candidate], False)]
 
 
 async def test_connections_flow(http, fake):

@@ -241,3 +241,34 @@ async def test_server_never_opens_a_data_channel_and_ignores_unmapped_lines(serv
     # The only channel is the client's own "data".
     assert list(peer._channels) == ["data"]
     await client.close()
+
+
+async def test_trickled_candidates_connect_an_offer_without_candidates(host_of, gradient_dir):
+    host = host_of(gradient_dir)
+    peer = PeerSession(host, WebRTCSettings(loopback_candidates=True))
+    client = ClientPeer(schema.capabilities(host.spec))
+    trickled = []
+
+    async def signal(sdp, mapping):
+        lines = sdp.splitlines()
+        mid = None
+        kept = []
+        for line in lines:
+            if line.startswith("a=mid:"):
+                mid = line[len("a=mid:"):]
+            if line.startswith("a=candidate:"):
+                trickled.append({"candidate": line[2:], "sdpMid": mid})
+            elif line != "a=end-of-candidates":
+                kept.append(line)
+        answer_task = asyncio.create_task(peer.answer("\r\n".join(kept) + "\r\n", mapping))
+        await peer.add_ice_candidates(trickled, is_final=True)
+        return await answer_task
+
+    await client.connect(signal)
+    assert trickled
+    frame = await frames_after(client, 2)
+    assert frame.image.shape == (480, 640, 3)
+    with pytest.raises(OfferRejected, match="not an ICE candidate"):
+        await peer.add_ice_candidates([{"candidate": "candidate:nonsense", "sdpMid": "0"}])
+    await client.close()
+    await peer.close()

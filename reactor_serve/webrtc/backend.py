@@ -90,6 +90,12 @@ class SessionBackend(Protocol):
         """The SDP answer of the latest (or the given) connection, or AnswerPending.
         Raises UnknownSession, and OfferRejected if negotiation failed."""
 
+    async def add_ice_candidates(
+        self, session_id: str, candidates: list[Any], is_final: bool
+    ) -> None:
+        """Trickled client candidates for the session's latest connection.
+        Raises UnknownSession, OfferRejected (a malformed candidate)."""
+
     async def stop_session(self, session_id: str) -> None:
         """End the session and free its slot. Raises UnknownSession."""
 

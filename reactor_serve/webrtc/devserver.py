@@ -76,6 +76,8 @@ class _Slot:
         self.latest: int | None = None
         self.answered = False
         self.expiry: asyncio.TimerHandle | None = None
+        # Candidates trickled before the first offer made the peer.
+        self.early_candidates: list[tuple[list[Any], bool]] = []
         self.closing: asyncio.Task[None] | None = None
 
 
@@ -162,6 +164,9 @@ class LocalBackend:
             slot.peer = factory(
                 self._host, self._settings, session_id=session_id, on_end=self._on_peer_end
             )
+            for candidates, is_final in slot.early_candidates:
+                await slot.peer.add_ice_candidates(candidates, is_final)
+            slot.early_candidates.clear()
         if slot.info.state == "created":
             slot.info.state = "connecting"
         cid = next(self._ids)
@@ -177,6 +182,17 @@ class LocalBackend:
         while len(slot.negotiations) > self.KEEP_NEGOTIATIONS:
             slot.negotiations.popitem(last=False)
         return cid
+
+    async def add_ice_candidates(
+        self, session_id: str, candidates: list[Any], is_final: bool
+    ) -> None:
+        slot = self._slot(session_id)
+        if slot is not self._current or slot.closing is not None:
+            raise UnknownSession(f"session {session_id} has ended")
+        if slot.peer is None:
+            slot.early_candidates.append((list(candidates), is_final))
+        else:
+            await slot.peer.add_ice_candidates(candidates, is_final)
 
     def poll_answer(self, session_id: str, connection_id: int | None) -> str | AnswerPending:
         slot = self._slot(session_id)

@@ -97,7 +97,7 @@ class _OfferBody(_Body):
 
 
 class _IceCandidatesBody(_Body):
-    # Dropped (see ice_candidates below), so any shape a client sends is fine.
+    # Checked by the backend, which names a malformed candidate.
     candidates: list[Any] = Field(default_factory=list)
     is_final: bool = False
 
@@ -317,10 +317,12 @@ def session_routes(
 
     @_backend_errors
     async def ice_candidates(request: Request, sid: str) -> JSONResponse:
-        # Accepted and dropped: SessionBackend has no way to take remote candidates,
-        # and JS 2.9.0 never sends them (its offers carry all candidates).
-        await _read_body(request, _IceCandidatesBody, required=False)
-        backend_for(request).get_session(sid)
+        # JS 2.9.0 never calls this (its offers carry every candidate); newer clients
+        # trickle theirs here.
+        body = await _read_body(request, _IceCandidatesBody, required=False)
+        b = backend_for(request)
+        b.get_session(sid)
+        await b.add_ice_candidates(sid, body.candidates, body.is_final)
         return JSONResponse({}, status_code=202)
 
     # ---- newer clients: register a connection, then offer on it -------------------
@@ -361,9 +363,11 @@ def session_routes(
 
     @_backend_errors
     async def connection_ice_candidates(request: Request, sid: str, cid: str) -> JSONResponse:
-        await _read_body(request, _IceCandidatesBody, required=False)
-        backend_for(request).get_session(sid)
+        body = await _read_body(request, _IceCandidatesBody, required=False)
+        b = backend_for(request)
+        b.get_session(sid)
         registered(sid, cid)
+        await b.add_ice_candidates(sid, body.candidates, body.is_final)
         return JSONResponse({}, status_code=202)
 
     # ---- table ---------------------------------------------------------------------

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
-from aiortc.sdp import SessionDescription
+from aiortc import RTCDataChannel, RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
+from aiortc.sdp import SessionDescription, candidate_from_sdp
 
 from reactor_serve.runtime.host import ModelHost
 from reactor_serve.runtime.session import EndReason, Session
@@ -79,6 +79,8 @@ class PeerSession:
         self._tasks: list[asyncio.Task[None]] = []
         self._last_inbound = time.monotonic()
         self._finishing = False
+        # Trickled remote candidates that came while no connection could take them.
+        self._pending_candidates: list[RTCIceCandidate | None] = []
         self.ignored_frames = 0
         apply_bitrate_range(settings)
         if settings.loopback_candidates:
@@ -124,6 +126,9 @@ class PeerSession:
                         inputs.append((transceiver, entry.name))
                 self._wire(pc)
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp_offer, type="offer"))
+                pending, self._pending_candidates = self._pending_candidates, []
+                for candidate in pending:
+                    await pc.addIceCandidate(candidate)
                 await pc.setLocalDescription(await pc.createAnswer())
             except OfferRejected:
                 await self._discard(pc, tracks)
@@ -143,6 +148,22 @@ class PeerSession:
             if previous[0] is not None:
                 await self._discard(*previous)
             return pc.localDescription.sdp
+
+    async def add_ice_candidates(self, candidates: list[Any], is_final: bool = False) -> None:
+        """Trickled remote candidates (newer clients offer without them).
+
+        Each is `{"candidate": "candidate:...", "sdpMid", "sdpMLineIndex"}`; an empty
+        candidate, or `is_final`, marks the end of the client's candidates. Raises
+        OfferRejected naming a malformed one.
+        """
+        parsed: list[RTCIceCandidate | None] = [_parse_candidate(c, i) for i, c in enumerate(candidates)]
+        if is_final and (not parsed or parsed[-1] is not None):
+            parsed.append(None)
+        if self._pc is None or self._lock.locked():
+            self._pending_candidates.extend(parsed)
+            return
+        for candidate in parsed:
+            await self._pc.addIceCandidate(candidate)
 
     def _parse_mapping(self, track_mapping: list[dict[str, Any]]) -> dict[str, TrackMapping]:
         if not isinstance(track_mapping, list):
@@ -388,6 +409,28 @@ class PeerSession:
         if self._fanout is not None:
             data["superseded"] = self._fanout.superseded()
         return data
+
+
+def _parse_candidate(raw: Any, index: int) -> RTCIceCandidate | None:
+    """An RTCIceCandidate from a client's JSON candidate; None for end-of-candidates."""
+    if isinstance(raw, str):
+        raw = {"candidate": raw, "sdpMLineIndex": 0}
+    if not isinstance(raw, dict):
+        raise OfferRejected(f"candidates[{index}] must be an object with a 'candidate' string")
+    text = raw.get("candidate") or ""
+    if not text.strip():
+        return None
+    try:
+        candidate = candidate_from_sdp(text.split(":", 1)[1] if text.startswith("candidate:") else text)
+    except Exception:
+        raise OfferRejected(f"candidates[{index}] is not an ICE candidate: {text[:80]!r}") from None
+    # Browsers send camelCase; the Python SDK's JSON uses snake_case.
+    candidate.sdpMid = raw.get("sdpMid", raw.get("sdp_mid"))
+    index_value = raw.get("sdpMLineIndex", raw.get("sdp_mline_index"))
+    candidate.sdpMLineIndex = int(index_value) if index_value is not None else None
+    if candidate.sdpMid is None and candidate.sdpMLineIndex is None:
+        candidate.sdpMLineIndex = 0
+    return candidate
 
 
 def _command_of(raw: str | bytes) -> tuple[str, Any] | None:
