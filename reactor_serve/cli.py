@@ -169,11 +169,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from reactor_serve.runtime.host import ModelLoadError
     from reactor_serve.webrtc.devserver import create_app
+    from reactor_serve.webrtc.ice import is_loopback_host
     from reactor_serve.webrtc.settings import WebRTCSettingsError
 
     # A browser on this machine reaches a loopback server through 127.0.0.1, which
     # aioice leaves out of its candidates unless told otherwise.
-    override = {"loopback_candidates": True} if _is_loopback(args.host) else None
+    override = {"loopback_candidates": True} if is_loopback_host(args.host) else None
     try:
         app = create_app(args.path, settings_override=override, auth_token=args.token)
     except WebRTCSettingsError as exc:
@@ -204,17 +205,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         # The app's shutdown normally did this; not if uvicorn never started it.
         host.shutdown()
     return 0
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _url(host: str, port: int) -> str:

@@ -173,9 +173,14 @@ async def test_legacy_block_model_over_webrtc():
             client.send_command("set_prompt", {"prompt": "a slow river"})
             progress = await client.next_message("progress", scope="application")
             assert progress["data"]["frames_generated"] > 0
-            a = await client.next_frame()
+            # Video trails the data channel by the pacing and coding delay.
+            for _ in range(90):
+                a = await client.next_frame()
+                if a.image.mean() > 10:
+                    break
+            assert a.image.mean() > 10
             for _ in range(5):
                 b = await client.next_frame()
-            assert a.image.mean() > 10 and not np.array_equal(a.image, b.image)
+            assert not np.array_equal(a.image, b.image)
         finally:
             await client.close()

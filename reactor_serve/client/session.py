@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import time
 import urllib.parse
 from typing import Any, AsyncIterator, Callable
@@ -21,7 +20,7 @@ import httpx
 import numpy as np
 
 from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo
-from reactor_serve.webrtc.ice import use_loopback_candidates
+from reactor_serve.webrtc.ice import is_loopback_host, use_loopback_candidates
 
 __all__ = ["ReactorClient", "SessionRefused", "connect"]
 
@@ -242,10 +241,4 @@ def _join(base_url: str, path: str) -> str:
 
 
 def _is_loopback(base_url: str) -> bool:
-    host = urllib.parse.urlparse(base_url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(urllib.parse.urlparse(base_url).hostname or "")

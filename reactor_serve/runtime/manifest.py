@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
+from reactor_serve.runtime.field_errors import field_problems
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = ["Manifest", "ManifestError", "load_manifest"]
@@ -110,26 +111,8 @@ class _RuntimeForm(_Strict):
     name: _Name | None = None
 
 
-def _describe_error(error: Mapping[str, Any]) -> str:
-    kind = error["type"]
-    if kind == "missing":
-        return "required field is missing"
-    if kind == "extra_forbidden":
-        return "unknown field"
-    if kind in ("model_type", "dict_type"):
-        return f"expected a mapping, got {type(error.get('input')).__name__}"
-    if kind == "value_error":
-        return str(error["ctx"]["error"])
-    return f"{error['msg']}, got {error.get('input')!r}"
-
-
 def _validation_error(path: Path, exc: ValidationError) -> ManifestError:
-    lines = [
-        f"{path}: field '{'.'.join(str(part) for part in err['loc'])}': "
-        f"{_describe_error(err)}"
-        for err in exc.errors()
-    ]
-    return ManifestError("\n".join(lines))
+    return ManifestError("\n".join(f"{path}: {line}" for line in field_problems(exc)))
 
 
 # --------------------------------------------------------------------------- manifest

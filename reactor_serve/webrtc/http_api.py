@@ -26,6 +26,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from reactor_serve.runtime.field_errors import field_problems
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -123,10 +124,7 @@ async def _read_body(request: Request, model: type[_B], *, required: bool) -> _B
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"field {'.'.join(str(p) for p in err['loc']) or '(body)'!r}: {err['msg']}"
-            for err in exc.errors()
-        )
+        problems = "; ".join(field_problems(exc))
         raise HTTPException(400, f"invalid request body: {problems}") from None
 
 

@@ -8,6 +8,7 @@ loopback. This is a process-wide choice (aioice gathers through a module functio
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 from typing import Any, Callable
 
@@ -16,10 +17,25 @@ from aiortc import RTCConfiguration, RTCIceServer
 
 from reactor_serve.webrtc.settings import IceServer
 
-__all__ = ["client_ice_servers", "rtc_configuration", "use_loopback_candidates"]
+__all__ = [
+    "client_ice_servers",
+    "is_loopback_host",
+    "rtc_configuration",
+    "use_loopback_candidates",
+]
 
 _lock = threading.Lock()
 _original: Callable[..., list[str]] | None = None
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a host name or address is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def use_loopback_candidates(enabled: bool) -> None:

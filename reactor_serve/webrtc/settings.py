@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from reactor_serve.runtime.field_errors import field_problems
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = ["IceServer", "WebRTCSettings", "WebRTCSettingsError"]
@@ -81,8 +82,5 @@ class WebRTCSettings(BaseModel):
         try:
             return cls.model_validate(section)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"field 'webrtc.{'.'.join(str(p) for p in err['loc'])}': {err['msg']}"
-                for err in exc.errors()
-            )
+            problems = "; ".join(field_problems(exc, prefix="webrtc"))
             raise WebRTCSettingsError(f"{source}: {problems}") from None
