@@ -643,10 +643,11 @@ async def test_next_frame_presents_immediately_when_slot_is_due():
     assert clock.presented == 2
 
 
-async def test_next_frame_never_presents_before_its_slot():
+async def test_next_frame_never_presents_early_beyond_the_wake_tolerance():
+    # Timers wake up to 1 ms late; the clock asks WAKE_EARLY_S early to centre that.
     buf = OutputBuffer(4, 50)
     clock = EmissionClock(buf, VIDEO, default_size=(2, 2))
     for _ in range(10):
         p = await asyncio.wait_for(clock.next_frame(), 5)
-        assert time.monotonic() >= p.slot
+        assert time.monotonic() >= p.slot - EmissionClock.WAKE_EARLY_S
     assert clock.presented == 10
