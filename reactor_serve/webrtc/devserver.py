@@ -31,6 +31,7 @@ from reactor_serve.webrtc.backend import (
     UnknownSession,
 )
 from reactor_serve.webrtc.http_api import SessionHTTPMiddleware, token_check, session_routes
+from reactor_serve.webrtc.ice import client_ice_servers
 from reactor_serve.webrtc.settings import WebRTCSettings, WebRTCSettingsError
 
 if TYPE_CHECKING:
@@ -223,13 +224,7 @@ class LocalBackend:
         await self._close(slot, "client_closed")
 
     def ice_servers(self) -> list[dict[str, Any]]:
-        servers = []
-        for server in self._settings.ice_servers:
-            entry: dict[str, Any] = {"uris": list(server.urls)}
-            if server.username is not None and server.credential is not None:
-                entry["credentials"] = {"username": server.username, "password": server.credential}
-            servers.append(entry)
-        return servers
+        return client_ice_servers(self._settings.ice_servers)
 
     # ---- lifecycle -------------------------------------------------------------------
 
