@@ -34,3 +34,61 @@ async def connected(host, **kwargs):
         yield client
     finally:
         await client.close()
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RayServe:
+    """The test session's local Ray (logical GPUs on a CPU machine) with Serve on HTTP."""
+
+    GPUS = 16
+
+    def __init__(self):
+        import ray
+        from ray import serve
+
+        self.metrics_port = _free_port()
+        self.http_port = _free_port()
+        ray.init(
+            num_cpus=16,
+            num_gpus=self.GPUS,
+            include_dashboard=False,
+            _metrics_export_port=self.metrics_port,
+            runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent.parent)}},
+        )
+        serve.start(http_options={"host": "127.0.0.1", "port": self.http_port})
+        self.base = f"http://127.0.0.1:{self.http_port}"
+
+    def deploy(self, name, args):
+        from ray import serve
+
+        from reactor_serve.serve.app import build_app
+
+        serve.run(build_app(args, base_dir=Path(__file__).parent.parent), name=name,
+                  route_prefix=f"/{name}")
+        return f"{self.base}/{name}"
+
+    def delete(self, name):
+        from ray import serve
+
+        serve.delete(name)
+
+    def close(self):
+        import ray
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_serve():
+    cluster = RayServe()
+    yield cluster
+    cluster.close()

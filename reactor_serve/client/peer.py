@@ -160,6 +160,7 @@ class ClientPeer:
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._ping_task: asyncio.Task[None] | None = None
+        self._closing: asyncio.Future[None] | None = None
         self.on_video: Callable[[ReceivedVideo], None] | None = None
 
     @property
@@ -308,6 +309,13 @@ class ClientPeer:
                 pass
 
     async def close(self) -> None:
+        """Close the connection. Safe to call again, and from several tasks: they all
+        wait for the one close (aiortc's close must not be cancelled half-way)."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         if self._ping_task is not None:
             self._ping_task.cancel()
         for task in self._tasks:
@@ -315,6 +323,7 @@ class ClientPeer:
         if self._pc is not None:
             await self._pc.close()
         self._closed.set()
+        self._changed.set()  # wake anyone waiting for frames or for the end
 
     async def iter_video(self, track: str) -> AsyncIterator[ReceivedVideo]:
         seen = 0

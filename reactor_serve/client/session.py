@@ -44,6 +44,29 @@ class ReactorClient:
         self.session_id: str = descriptor["session_id"]
         self._http = http
         self.queue_status: dict[str, Any] | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    WATCH_INTERVAL_S = 2.0
+
+    def _start_watch(self) -> None:
+        self._watch = asyncio.get_running_loop().create_task(self._watch_session())
+
+    async def _watch_session(self) -> None:
+        """End our side when the server says the session is over. A server-side end
+        normally arrives as `sessionEnded`, but a replica that dies cannot send it, and
+        WebRTC alone takes half a minute to notice."""
+        url = _join(self.base_url, "session")
+        while not self.peer.closed:
+            await asyncio.sleep(self.WATCH_INTERVAL_S)
+            try:
+                reply = await self._http.get(url, params={"session_id": self.session_id})
+            except httpx.HTTPError:
+                continue
+            if reply.status_code == 404 or (
+                reply.status_code == 200 and reply.json().get("state") == "ended"
+            ):
+                await self.peer.close()
+                return
 
     # ---- receiving --------------------------------------------------------------
 
@@ -140,7 +163,11 @@ class ReactorClient:
         await self.peer.wait_for(lambda: self.peer.closed, timeout, "end of the session")
 
     async def close(self) -> None:
-        """Stop the session and close the connection."""
+        """Stop the session and close the connection (again: nothing happens)."""
+        if self._http.is_closed:
+            return
+        if self._watch is not None:
+            self._watch.cancel()
         try:
             await self._http.post(
                 _join(self.base_url, "stop_session"), json={"session_id": self.session_id}
@@ -216,6 +243,7 @@ async def connect(
             raise SessionRefused(f"no SDP answer within {timeout} s")
 
         await peer.connect(signal, timeout=timeout)
+        client._start_watch()
         return client
     except BaseException:
         await http.aclose()

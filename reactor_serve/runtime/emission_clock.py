@@ -79,6 +79,8 @@ class EmissionClock:
         self._fps = buffer.target_fps
         self.presented = 0
         self.new_frames = 0
+        # Smoothed distance of each presentation from its slot: the pacing jitter.
+        self.jitter_ms = 0.0
 
     @property
     def fps(self) -> float:
@@ -151,6 +153,7 @@ class EmissionClock:
                 frame = black_frame(*self._default_size)
             video[name] = frame
         elapsed = slot - self._start
+        self.jitter_ms += 0.05 * (abs(now - slot) * 1000.0 - self.jitter_ms)
         self.presented += 1
         return PresentedFrame(
             video=video,

@@ -100,6 +100,7 @@ class Session:
         rate = buffer.rate.rate()
         return {
             "fps": round(self.clock.fps, 2),
+            "jitter_ms": round(self.clock.jitter_ms, 3),
             "target_fps": buffer.target_fps,
             "production_fps": round(rate, 2) if rate is not None else None,
             "queue_depth": buffer.depth(),

@@ -14,7 +14,8 @@ Two pieces, because FastAPI routes cannot see or rewrite the raw path:
 `session_app(...)` is both on a fresh FastAPI app, at the root.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Serve pickles these route functions by value
+# into the ingress, and FastAPI must find their annotations as real classes there.
 
 import collections
 import functools
@@ -179,7 +180,7 @@ class _Connections:
         )
         self._next_registered = 0
 
-    def of(self, session_id: str) -> _SessionConnections:
+    def of(self, session_id: str) -> "_SessionConnections":
         entry = self._sessions.get(session_id)
         if entry is None:
             entry = self._sessions[session_id] = _SessionConnections()

@@ -1,0 +1,289 @@
+"""The Serve application's arguments and each model deployment's options.
+
+`serve_config.yaml` (or `serve run module:build_app key=value`) passes `args` to the
+application builder, which validates them into `AppArgs`::
+
+    applications:
+      - name: reactor
+        import_path: reactor_serve.deployments.app:build_app
+        args:
+          models:
+            - path: models/my-model        # a model directory (reactor.yaml)
+              gpus_per_replica: auto       # 1 where the cluster has GPUs, 0 elsewhere
+              min_replicas: 1
+              max_replicas: 4
+              warm_spares: 1
+          ice_servers:
+            - urls: ["turn:turn.example.com:3478"]
+              username: user
+              credential: secret
+          auth_token: secret
+        deployments:                       # Serve's own per-deployment overrides win
+          - name: model-my-model
+            ray_actor_options: {num_gpus: 0.5}
+
+`model_deployment_options` turns one `ModelEntry` into `Deployment.options(...)`
+kwargs; Serve applies the `deployments:` overrides of the config file on top of them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from reactor_serve.serve.policy import POLICY_IMPORT_PATH
+from reactor_serve.webrtc.settings import IceServer, WebRTCSettings
+
+__all__ = [
+    "AppArgs",
+    "ModelEntry",
+    "cluster_gpus",
+    "model_deployment_options",
+    "resolve_gpus",
+]
+
+# Same rule as model names in reactor.yaml (runtime/manifest.py): they become URL
+# path segments and Serve deployment names.
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_NAME_RULE = "lowercase letters, digits and hyphens, not starting with a hyphen"
+
+# Validation context key: `AppArgs.model_validate(data, context={BASE_DIR: dir})`
+# resolves relative model paths against `dir` (the config file's directory).
+BASE_DIR = "base_dir"
+
+
+class ModelEntry(BaseModel):
+    """One model served by the application: a directory and how to scale it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The model directory (with reactor.yaml). Relative paths are resolved against
+    # the `base_dir` validation context when one is given, else left as written
+    # (then Serve's working directory applies); see `resolved_path`.
+    path: str = Field(min_length=1)
+    # URL and deployment name; defaults to the directory's name (`default_name`).
+    name: str | None = None
+    # "auto": 1 GPU per replica where the cluster has GPUs, none where it has none.
+    # A fraction packs several replicas of a small model on one GPU.
+    gpus_per_replica: Literal["auto"] | float = "auto"
+    cpus_per_replica: float = Field(default=1.0, gt=0)
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=4, ge=1)
+    # Idle replicas kept loaded beyond the live and waiting sessions.
+    warm_spares: int = Field(default=1, ge=0)
+    # The longest session; also how long a scale-down waits for a busy replica.
+    max_session_s: float = Field(default=3600.0, gt=0)
+    # The data-channel watchdog: a session with no inbound message this long ends.
+    idle_timeout_s: float = Field(default=20.0, gt=0)
+    # How long a session request may wait for a free slot before a 503.
+    admission_timeout_s: float = Field(default=60.0, ge=0)
+    # How long demand must stay lower before replicas are stopped.
+    downscale_delay_s: float = Field(default=30.0, ge=0)
+    # Overrides merged over the model config's `webrtc` section (WebRTCSettings keys).
+    webrtc: dict[str, Any] | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _resolve_against_base(cls, value: str, info: ValidationInfo) -> str:
+        base = (info.context or {}).get(BASE_DIR) if isinstance(info.context, dict) else None
+        if base is None:
+            return value
+        return str(_resolve(value, Path(base)))
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str | None) -> str | None:
+        if value is not None and not _NAME_RE.match(value):
+            raise ValueError(f"expected {_NAME_RULE}, got {value!r}")
+        return value
+
+    # Before-mode and exhaustive, so that a bad value gets one clear message instead
+    # of one error per member of the Literal | float union.
+    @field_validator("gpus_per_replica", mode="before")
+    @classmethod
+    def _check_gpus(cls, value: Any) -> Any:
+        if value == "auto" and isinstance(value, str):
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f"expected 'auto' or a number >= 0, got {value!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"expected 'auto' or a number >= 0, got {value!r}") from None
+        if not number >= 0 or number == float("inf"):  # also rejects NaN
+            raise ValueError(f"expected 'auto' or a number >= 0, got {value!r}")
+        return number
+
+    @field_validator("webrtc")
+    @classmethod
+    def _check_webrtc_keys(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # Only the keys are checked here: values are validated once merged with the
+        # model config's section (bitrate ordering needs both), in `webrtc_settings`.
+        if value:
+            unknown = sorted(set(value) - set(WebRTCSettings.model_fields))
+            if unknown:
+                raise ValueError(
+                    f"unknown key(s) {', '.join(unknown)}; expected some of "
+                    f"{', '.join(WebRTCSettings.model_fields)}"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelEntry:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) must be >= min_replicas "
+                f"({self.min_replicas})"
+            )
+        if self.webrtc and "idle_timeout_s" in self.webrtc:
+            # Two places for one setting would leave the reader guessing which wins.
+            raise ValueError(
+                "set the watchdog with 'idle_timeout_s', not 'webrtc.idle_timeout_s'"
+            )
+        return self
+
+    def resolved_path(self, base: Path) -> Path:
+        """The model directory, a relative `path` taken relative to `base`."""
+        return _resolve(self.path, base)
+
+    def webrtc_settings(
+        self,
+        model_config: Mapping[str, Any] | None = None,
+        *,
+        ice_servers: list[IceServer] | None = None,
+    ) -> WebRTCSettings:
+        """The model's transport settings: its config's `webrtc` section, then this
+        entry's `webrtc` overrides and `idle_timeout_s`; the app-wide `ice_servers`
+        apply where neither sets any. Errors name the field (WebRTCSettingsError)."""
+        section = dict((model_config or {}).get("webrtc") or {})
+        section.update(self.webrtc or {})
+        # The entry's watchdog wins when set in the app config; otherwise the model
+        # config's own value stands, else the entry's default.
+        if "idle_timeout_s" in self.model_fields_set or "idle_timeout_s" not in section:
+            section["idle_timeout_s"] = self.idle_timeout_s
+        if ice_servers and not section.get("ice_servers"):
+            section["ice_servers"] = [server.model_dump(exclude_none=True) for server in ice_servers]
+        return WebRTCSettings.from_config(
+            {"webrtc": section}, source=f"model {self.name or self.path!r}"
+        )
+
+
+class AppArgs(BaseModel):
+    """The application builder's `args`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[ModelEntry] = Field(min_length=1)
+    # STUN/TURN servers for every model (a model's own webrtc.ice_servers win).
+    ice_servers: list[IceServer] = Field(default_factory=list)
+    # Bearer token the session API requires; None serves without authentication.
+    auth_token: str | None = Field(default=None, min_length=1)
+    # Each open WebSocket and held session call counts against the ingress's limit.
+    ingress_max_ongoing_requests: int = Field(default=1000, ge=1)
+
+    # A field validator (not a model validator) so the error's location is `models`.
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelEntry]) -> list[ModelEntry]:
+        # Names given here must be distinct; a model without one takes the `name` of
+        # its reactor.yaml, checked when the app is built (that reads the manifest).
+        seen: dict[str, int] = {}
+        for index, entry in enumerate(models):
+            if entry.name is None:
+                continue
+            if entry.name in seen:
+                raise ValueError(
+                    f"models.{index}.name: duplicate model name {entry.name!r} "
+                    f"(also models.{seen[entry.name]}); give each model a distinct 'name'"
+                )
+            seen[entry.name] = index
+        return models
+
+
+
+def resolve_gpus(value: Literal["auto"] | float, cluster_gpus: float) -> float:
+    """GPUs per replica: numbers pass through; "auto" asks for one GPU where the
+    cluster has at least one, and none where it has none.
+
+    A cluster that declares only a fraction of a GPU (0 < GPUs < 1) gets that
+    fraction under "auto": asking for 1 could never be scheduled, and asking for 0
+    would run the model on the CPU beside an available GPU.
+    """
+    if value == "auto":
+        if cluster_gpus >= 1:
+            return 1.0
+        return float(cluster_gpus) if cluster_gpus > 0 else 0.0
+    number = float(value)
+    if not number >= 0:
+        raise ValueError(f"gpus_per_replica must be 'auto' or a number >= 0, got {value!r}")
+    return number
+
+
+def cluster_gpus() -> float:
+    """Total GPUs of the connected Ray cluster; 0 when Ray is not initialised.
+
+    The builder runs inside `serve run` / `serve deploy`, where Ray is connected. We
+    deliberately never call `ray.init()` here: starting a local cluster as a side
+    effect of reading config would hide a misconfigured address. Note that an
+    autoscaling cluster whose GPU nodes are scaled to zero reports 0 as well: set
+    `gpus_per_replica` to a number there.
+    """
+    import ray  # imported here: config validation alone does not need Ray
+
+    if not ray.is_initialized():
+        return 0.0
+    return float(ray.cluster_resources().get("GPU", 0.0))
+
+
+def model_deployment_options(entry: ModelEntry, name: str, *, gpus: float) -> dict[str, Any]:
+    """`Deployment.options(...)` kwargs for one model; `gpus` is `resolve_gpus(...)`'s."""
+    initial = min(entry.max_replicas, max(entry.min_replicas, entry.warm_spares))
+    return {
+        "name": f"model-{name}",
+        "ray_actor_options": {"num_gpus": gpus, "num_cpus": entry.cpus_per_replica},
+        # One live session per replica: a session is one ongoing call, so this is an
+        # exact slot limit and further sessions wait in Serve's queue.
+        "max_ongoing_requests": 1,
+        # Serve's graceful shutdown waits for ongoing calls: a scale-down drains a
+        # busy replica (up to the longest session) instead of cutting its user.
+        "graceful_shutdown_timeout_s": entry.max_session_s + 5.0,
+        "graceful_shutdown_wait_loop_s": 1.0,
+        "health_check_period_s": 5.0,
+        # Generous: the health check runs beside a busy model thread.
+        "health_check_timeout_s": 30.0,
+        "autoscaling_config": {
+            "min_replicas": entry.min_replicas,
+            "max_replicas": entry.max_replicas,
+            # The spares are warm from the start, as the policy will ask for them.
+            "initial_replicas": initial,
+            # A waiting user is the signal: add replicas at once.
+            "upscale_delay_s": 0.0,
+            "downscale_delay_s": entry.downscale_delay_s,
+            # Fresh demand figures: push every 1 s (default 10 s; deprecated in 2.60
+            # but still the push interval, and it warns DeprecationWarning), and take
+            # the peak over 2 s so a session that just ended is not forgotten at once.
+            "metrics_interval_s": 1.0,
+            "look_back_period_s": 2.0,
+            "aggregation_function": "max",
+            "policy": {
+                "policy_function": POLICY_IMPORT_PATH,
+                "policy_kwargs": {"warm_spares": entry.warm_spares, "slots_per_replica": 1},
+            },
+        },
+    }
+
+
+def _resolve(path: str, base: Path) -> Path:
+    candidate = Path(path).expanduser()
+    return candidate if candidate.is_absolute() else Path(base) / candidate

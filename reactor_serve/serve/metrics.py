@@ -1,0 +1,97 @@
+"""Session metrics, exported with `ray.serve.metrics`.
+
+They appear on Ray's metrics endpoint (and the dashboard) as `ray_reactor_*`, with
+Serve's application, deployment and replica tags added, plus `model`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve.metrics import Counter, Gauge, Histogram
+
+__all__ = ["IngressMetrics", "ReplicaMetrics", "METRIC_NAMES"]
+
+METRIC_NAMES = (
+    "reactor_sessions_live",
+    "reactor_sessions_started",
+    "reactor_sessions_ended",
+    "reactor_admission_wait_seconds",
+    "reactor_sessions_waiting",
+    "reactor_time_to_first_frame_seconds",
+    "reactor_output_fps",
+    "reactor_pacing_jitter_ms",
+    "reactor_queue_depth",
+    "reactor_dropped_frames",
+    "reactor_model_errors",
+)
+
+_SECONDS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
+
+
+class ReplicaMetrics:
+    """What one model replica reports about its session."""
+
+    def __init__(self, model: str) -> None:
+        tags = ("model",)
+        self.live = Gauge("reactor_sessions_live", "Live sessions on this replica (0 or 1)", tags)
+        self.started = Counter("reactor_sessions_started", "Sessions started", tags)
+        self.ended = Counter("reactor_sessions_ended", "Sessions ended, by reason", ("model", "reason"))
+        self.ttff = Histogram(
+            "reactor_time_to_first_frame_seconds",
+            "Session call to the first presented frame",
+            _SECONDS,
+            tags,
+        )
+        self.fps = Gauge("reactor_output_fps", "Frames presented per second", tags)
+        self.jitter = Gauge("reactor_pacing_jitter_ms", "Deviation of presentation from the slot", tags)
+        self.queue_depth = Gauge("reactor_queue_depth", "Frames waiting in the output buffer", tags)
+        self.dropped = Counter("reactor_dropped_frames", "Frames dropped by emit(drop=True)", tags)
+        self.errors = Counter("reactor_model_errors", "Exceptions raised by model code", tags)
+        for metric in (self.live, self.started, self.ended, self.ttff, self.fps, self.jitter,
+                       self.queue_depth, self.dropped, self.errors):
+            metric.set_default_tags({"model": model})
+        self._dropped_seen = 0
+        self._errors_seen = 0
+
+    def session_started(self) -> None:
+        self.started.inc()
+        self.live.set(1)
+
+    def session_ended(self, reason: str, model_errors: int) -> None:
+        self.ended.inc(tags={"reason": reason})
+        self.live.set(0)
+        self.fps.set(0)
+        self.queue_depth.set(0)
+        if model_errors > self._errors_seen:
+            self.errors.inc(model_errors - self._errors_seen)
+            self._errors_seen = model_errors
+
+    def first_frame(self, seconds: float) -> None:
+        self.ttff.observe(seconds)
+
+    def observe(self, stats: dict[str, Any]) -> None:
+        """Refresh the gauges from a session's stats (about once a second)."""
+        if "fps" in stats:
+            self.fps.set(float(stats["fps"]))
+        if "queue_depth" in stats:
+            self.queue_depth.set(float(stats["queue_depth"]))
+        if stats.get("jitter_ms") is not None:
+            self.jitter.set(float(stats["jitter_ms"]))
+        dropped = int(stats.get("dropped", 0))
+        if dropped > self._dropped_seen:
+            self.dropped.inc(dropped - self._dropped_seen)
+        self._dropped_seen = dropped
+
+
+class IngressMetrics:
+    """What the ingress reports about admission."""
+
+    def __init__(self) -> None:
+        self.wait = Histogram(
+            "reactor_admission_wait_seconds",
+            "Offer to a replica taking the session",
+            _SECONDS,
+            ("model",),
+        )
+        self.waiting = Gauge("reactor_sessions_waiting", "Sessions waiting for a replica", ("model",))
