@@ -189,13 +189,23 @@ def test_resolve_gpus_rejects_negative() -> None:
         resolve_gpus(-1, 4)
 
 
-def test_cluster_gpus_without_ray_is_zero() -> None:
+def test_cluster_gpus_without_ray_is_zero(monkeypatch) -> None:
     import ray
 
-    if ray.is_initialized():  # pragma: no cover - another test left Ray running
-        pytest.skip("Ray is initialised in this process")
+    # Whatever another test left running, this asks about a process without Ray.
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    started = []
+    monkeypatch.setattr(ray, "init", lambda *a, **k: started.append(1))
     assert cluster_gpus() == 0.0
-    assert not ray.is_initialized()  # it must not start a cluster
+    assert not started  # it must not start a cluster
+
+
+def test_cluster_gpus_reads_the_connected_cluster(monkeypatch) -> None:
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
+    assert cluster_gpus() == 2.0
 
 
 # --------------------------------------------------------------------------- deployment options

@@ -60,5 +60,6 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
         # One ingress replica: it also holds the mailboxes of live sessions.
         num_replicas=1,
         max_ongoing_requests=args.ingress_max_ongoing_requests,
+        ray_actor_options={"num_cpus": args.ingress_cpus},
     )
     return ingress.bind(models, handles, client_ice_servers(args.ice_servers))

@@ -191,6 +191,8 @@ class AppArgs(BaseModel):
     auth_token: str | None = Field(default=None, min_length=1)
     # Each open WebSocket and held session call counts against the ingress's limit.
     ingress_max_ongoing_requests: int = Field(default=1000, ge=1)
+    # The ingress only signals (media goes straight to the replicas): a small CPU share.
+    ingress_cpus: float = Field(default=0.25, gt=0)
 
     # A field validator (not a model validator) so the error's location is `models`.
     @field_validator("models")
