@@ -307,3 +307,23 @@ async def test_serve_config_yaml_serves_every_example(ray_serve):
                 await client.close()
     finally:
         ray_serve.delete("examples")
+
+
+async def test_a_load_failure_is_reported_with_its_traceback_and_admits_no_session(ray_serve):
+    from ray import serve
+
+    args = {"models": [{"path": "tests/serve_models/broken", "min_replicas": 1,
+                        "max_replicas": 1, "warm_spares": 0, "cpus_per_replica": 0.5}]}
+    with pytest.raises(RuntimeError, match="model-broken"):
+        ray_serve.deploy("broken", args)
+    status = serve.status().applications["broken"]
+    assert status.status in ("DEPLOY_FAILED", "UNHEALTHY")
+    # What an operator sees for the deployment: the model's own error and traceback.
+    message = status.deployments["model-broken"].message
+    assert "checkpoint /weights/model.pt is missing" in message
+    assert "Traceback" in message and "load(config)" in message
+    async with httpx.AsyncClient(timeout=10) as http:
+        reply = await http.post(f"{ray_serve.base}/broken/models/broken/start_session", json={})
+    assert reply.status_code == 503
+    assert "not available" in reply.json()["detail"]
+    ray_serve.delete("broken")

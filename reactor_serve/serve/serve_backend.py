@@ -27,6 +27,7 @@ from reactor_serve.webrtc.backend import (
     AnswerPending,
     BackendError,
     ModelBusy,
+    ModelUnavailable,
     OfferRejected,
     SessionInfo,
     UnknownSession,
@@ -90,6 +91,7 @@ class ServeBackend:
         self._waiting: list[_Session] = []
         self._ids = itertools.count(1)
         self._recent_wait_s: float | None = None
+        self._status: tuple[float, str | None] | None = None
 
     @property
     def spec(self) -> ModelSpec:
@@ -101,8 +103,12 @@ class ServeBackend:
 
     # ---- SessionBackend -----------------------------------------------------------
 
+    # How long a deployment-status reading is reused (asking the controller costs a call).
+    STATUS_TTL_S = 2.0
+
     async def create_session(self, extra_args: dict[str, Any]) -> SessionInfo:
         self._forget_old()
+        await self._check_available()
         info = SessionInfo(secrets.token_urlsafe(16), "created", time.time(), dict(extra_args))
         session = _Session(info)
         self._sessions[info.session_id] = session
@@ -177,6 +183,34 @@ class ServeBackend:
 
     def ice_servers(self) -> list[dict[str, Any]]:
         return self._ice_servers
+
+    async def _check_available(self) -> None:
+        """Refuse sessions while the model's deployment cannot run any (its load()
+        failed): the client gets the model's error instead of a wait that never ends."""
+        now = time.monotonic()
+        if self._status is None or now - self._status[0] > self.STATUS_TTL_S:
+            self._status = (now, await asyncio.to_thread(self._read_status))
+        problem = self._status[1]
+        if problem:
+            raise ModelUnavailable(problem)
+
+    def _read_status(self) -> str | None:
+        try:
+            from ray import serve
+
+            context = serve.get_replica_context()
+            app = serve.status().applications[context.app_name]
+            deployment = app.deployments[f"model-{self._spec.name}"]
+        except Exception:
+            return None  # outside Serve (tests), or the controller is busy: let it try
+        if deployment.replica_states.get("RUNNING", 0) == 0 and str(deployment.status) in (
+            "DeploymentStatus.DEPLOY_FAILED", "DeploymentStatus.UNHEALTHY",
+            "DEPLOY_FAILED", "UNHEALTHY",
+        ):
+            first_line = (deployment.message or "").strip().splitlines()
+            detail = first_line[0] if first_line else str(deployment.status)
+            return f"model {self._spec.name!r} is not available: {detail}"
+        return None
 
     # ---- for the replica --------------------------------------------------------------
 

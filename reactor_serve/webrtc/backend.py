@@ -13,6 +13,7 @@ __all__ = [
     "AnswerPending",
     "BackendError",
     "ModelBusy",
+    "ModelUnavailable",
     "OfferRejected",
     "SessionBackend",
     "SessionInfo",
@@ -39,6 +40,12 @@ class ModelBusy(BackendError):
     def __init__(self, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class ModelUnavailable(BackendError):
+    """The model is not loaded (still loading, or its load failed)."""
+
+    status = 503
 
 
 class OfferRejected(BackendError):

@@ -26,6 +26,7 @@ from reactor_serve.webrtc.backend import (
     AnswerPending,
     BackendError,
     ModelBusy,
+    ModelUnavailable,
     OfferRejected,
     SessionInfo,
     UnknownSession,
@@ -43,12 +44,6 @@ __all__ = ["LocalBackend", "ModelUnavailable", "NegotiationFailed", "create_app"
 log = logging.getLogger("reactor_serve.webrtc.devserver")
 
 PeerFactory = Callable[..., "PeerSession"]
-
-
-class ModelUnavailable(BackendError):
-    """The model is not loaded (still loading, or its load failed)."""
-
-    status = 503
 
 
 class NegotiationFailed(BackendError):
