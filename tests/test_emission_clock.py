@@ -407,8 +407,11 @@ def test_margin_correction_is_small_and_bounded():
     now.t = 100.0
     buf.put_nowait([FrameItem(video={})])
     assert buf.margin() == pytest.approx(3.0)
-    expected = 1 + min(
-        EmissionClock.MAX_CORRECTION, (3.0 - EmissionClock.MARGIN_GOAL) / (20 * 2.0)
+    goal = clock.margin_goal()
+    assert goal >= EmissionClock.MARGIN_GOAL
+    expected = 1 + max(
+        -EmissionClock.MAX_CORRECTION,
+        min(EmissionClock.MAX_CORRECTION, (3.0 - goal) / (20 * 2.0)),
     )
     assert clock.effective_fps() == pytest.approx(20 * expected)
     assert clock.effective_fps() <= 20 * (1 + EmissionClock.MAX_CORRECTION) + 1e-9
@@ -651,3 +654,20 @@ async def test_next_frame_never_presents_early_beyond_the_wake_tolerance():
         p = await asyncio.wait_for(clock.next_frame(), 5)
         assert time.monotonic() >= p.slot - EmissionClock.WAKE_EARLY_S
     assert clock.presented == 10
+
+
+def test_cushion_grows_with_producer_jitter_and_stays_bounded():
+    now, buf, clock = _make(fps=30, capacity=24)
+    steady = clock.margin_goal()
+    assert steady == EmissionClock.MARGIN_GOAL  # no arrivals yet: no jitter seen
+    # Arrivals finding 1, then 6, then 0 frames queued: an irregular producer.
+    for t, depth in ((0.0, 1), (0.5, 6), (1.0, 0)):
+        now.t = t
+        while buf.depth() > depth:
+            buf.take()
+        while buf.depth() < depth:
+            buf.put_nowait([FrameItem(video={})])
+        buf.put_nowait([FrameItem(video={})] * 1)
+    assert buf.margin_spread() > 0.1
+    assert clock.margin_goal() > steady
+    assert clock.margin_goal() <= EmissionClock.MARGIN_GOAL + buf.capacity / 4

@@ -46,8 +46,11 @@ class PresentedFrame:
 class EmissionClock:
     """Paces an `OutputBuffer` to one client. Not thread-safe: one consumer."""
 
-    # Frames of cushion the buffer settles at when the next frames arrive.
+    # Frames of cushion the buffer settles at when the next frames arrive, plus
+    # SPREAD_FACTOR times how much arrivals have been varying (producer jitter), so a
+    # late block finds frames still queued instead of an empty buffer.
     MARGIN_GOAL = 1.0
+    SPREAD_FACTOR = 2.0
     # Seconds over which excess (or missing) cushion is worked off; and the largest
     # relative speed-up or slow-down that correction may apply.
     CORRECTION_HORIZON_S = 2.0
@@ -91,6 +94,11 @@ class EmissionClock:
     def next_slot(self) -> float | None:
         return self._next_slot
 
+    def margin_goal(self) -> float:
+        """The cushion aimed for, in frames: never more than a quarter of the buffer."""
+        jitter = self.SPREAD_FACTOR * self.buffer.margin_spread()
+        return self.MARGIN_GOAL + min(jitter, self.buffer.capacity / 4)
+
     def effective_fps(self) -> float:
         """The rate for the next interval, from the target, the measured production
         rate and the supply margin."""
@@ -101,7 +109,7 @@ class EmissionClock:
         margin = self.buffer.margin()
         correction = 0.0
         if margin is not None:
-            excess = margin - self.MARGIN_GOAL
+            excess = margin - self.margin_goal()
             correction = excess / (rate * self.CORRECTION_HORIZON_S)
             # Far more queued than the cushion (after an undeclared stall, say) is
             # worked off faster, so latency does not linger for many seconds.

@@ -44,6 +44,9 @@ class OutputBuffer:
     # one long intentional stall does not dominate the estimate for long afterwards.
     MARGIN_TIME_CONSTANT_S = 0.5
     MARGIN_FLOOR = -3.0
+    # The spread is remembered longer than the margin: one late block is a warning
+    # that the next may be late too.
+    SPREAD_TIME_CONSTANT_S = 5.0
 
     def __init__(
         self,
@@ -66,6 +69,9 @@ class OutputBuffer:
         self._underruns_since_put = 0
         self._margin: float | None = None
         self._margin_at: float | None = None
+        # How much the margin varies from one arrival to the next (frames): the
+        # producer's timing jitter, which the cushion has to cover.
+        self._spread = 0.0
         self.dropped = 0
         self.emitted = 0
         self.taken = 0
@@ -84,6 +90,7 @@ class OutputBuffer:
             self._flushes += 1
             self._underruns_since_put = 0
             self._margin = None
+            self._spread = 0.0
             self._cond.notify_all()
             self._async_waiters.wake_all()
 
@@ -100,6 +107,10 @@ class OutputBuffer:
 
     def depth(self) -> int:
         return len(self._items)
+
+    def margin_spread(self) -> float:
+        """Smoothed |arrival margin - its average|, in frames."""
+        return self._spread
 
     def margin(self) -> float | None:
         """Smoothed frames still queued when new frames arrived (negative: ran dry)."""
@@ -201,7 +212,10 @@ class OutputBuffer:
         if self._margin is None or self._margin_at is None:
             self._margin = sample
         else:
-            alpha = 1.0 - math.exp(-(now - self._margin_at) / self.MARGIN_TIME_CONSTANT_S)
+            elapsed = now - self._margin_at
+            alpha = 1.0 - math.exp(-elapsed / self.MARGIN_TIME_CONSTANT_S)
+            beta = 1.0 - math.exp(-elapsed / self.SPREAD_TIME_CONSTANT_S)
+            self._spread += beta * (abs(sample - self._margin) - self._spread)
             self._margin += alpha * (sample - self._margin)
         self._margin_at = now
 
