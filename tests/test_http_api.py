@@ -419,7 +419,7 @@ async def test_stop_session_with_and_without_body(http, fake):
 
 async def test_stop_session_refuses_to_guess_with_two_live(http, fake):
     fake.max_sessions = 2
-    a, b = await start(http), await start(http)
+    _first, b = await start(http), await start(http)
     r = await http.post("/stop_session", content=b"")
     assert r.status_code == 400
     assert "2 sessions are live" in r.json()["detail"] and "session_id" in r.json()["detail"]

@@ -61,7 +61,7 @@ class OutputSplitter:
         counts = {name: batch.shape[0] for name, batch in video.items()}
         if len(set(counts.values())) > 1:
             raise FrameError(
-                f"every video track of one emit must carry the same number of frames, got "
+                "every video track of one emit must carry the same number of frames, got "
                 + ", ".join(f"{k}: {v}" for k, v in counts.items())
             )
         if not video and not audio:

@@ -25,7 +25,6 @@ from reactor_serve.runtime.emission_clock import (
     AUDIO_CLOCK_RATE,
     VIDEO_CLOCK_RATE,
     EmissionClock,
-    PresentedFrame,
 )
 from reactor_serve.runtime.session import Session
 
@@ -48,7 +47,6 @@ class PacedVideoTrack(MediaStreamTrack):
         self.name = name
         self._latest: tuple[np.ndarray, int] | None = None
         self._fresh = asyncio.Event()
-        self.sent = 0
         # Frames presented while the encoder was still busy with an earlier one.
         self.superseded = 0
 
@@ -69,7 +67,6 @@ class PacedVideoTrack(MediaStreamTrack):
         frame = VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
         frame.pts = pts
         frame.time_base = VIDEO_TIME_BASE
-        self.sent += 1
         return frame
 
     def stop(self) -> None:
@@ -161,7 +158,6 @@ class OutputFanout:
         self._video: dict[str, list[PacedVideoTrack]] = collections.defaultdict(list)
         self._audio: dict[str, list[PacedAudioTrack]] = collections.defaultdict(list)
         self._task: asyncio.Task[None] | None = None
-        self.last_presented: PresentedFrame | None = None
 
     def track(self, name: str) -> MediaStreamTrack:
         """A new sender track for output `name`, fed from the next slot on."""
@@ -196,7 +192,6 @@ class OutputFanout:
     async def _run(self) -> None:
         while True:
             presented = await self.clock.next_frame()
-            self.last_presented = presented
             for name, tracks in self._video.items():
                 image = presented.video.get(name)
                 if image is not None:

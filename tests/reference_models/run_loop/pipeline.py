@@ -3,7 +3,6 @@
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from reactor_runtime.interface import ModelMessage, Output, ReactorModel, Video, event, InputField
 
