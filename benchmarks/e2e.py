@@ -22,12 +22,13 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _local import free_port
 
 import httpx
 import numpy as np
@@ -48,11 +49,6 @@ CASES = [
 ]
 WARMUP_S = 1.0
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -79,7 +75,7 @@ async def run_case(name: str, width: int, height: int, codec: str, seconds: floa
     shutil.copytree(MODEL, model_dir, ignore=shutil.ignore_patterns("__pycache__"))
     config = {"width": width, "height": height, "webrtc": {"codec": codec, "bitrate_kbps": 2500}}
     (model_dir / "config.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "reactor_serve.cli", "run", str(model_dir), "--port", str(port)],

@@ -21,21 +21,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import threading
 import time
 from pathlib import Path
+
+from _local import free_port
 from typing import Any
 
 ROOT = Path(__file__).parent.parent
 GRADIENT = ROOT / "examples" / "gradient"
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def _timed_session(base: str) -> tuple[float, float]:
@@ -71,7 +67,7 @@ async def _devserver_signaling(rounds: int) -> list[float]:
 
     from reactor_serve.webrtc.devserver import create_app
 
-    port = _free_port()
+    port = free_port()
     app = create_app(GRADIENT, settings_override={"loopback_candidates": True})
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -92,7 +88,7 @@ async def measure(rounds: int) -> dict[str, Any]:
     from reactor_serve.client import connect
     from reactor_serve.serve.app import build_app
 
-    port = _free_port()
+    port = free_port()
     ray.init(num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     sessions = 0

@@ -36,12 +36,26 @@ async def connected(host, **kwargs):
         await client.close()
 
 
-def _free_port():
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture
+def isolated_imports(monkeypatch):
+    """Undo the sys.path entries and model modules that loading model directories adds."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.startswith("_reactor_model_"):
+            del sys.modules[name]
 
 
 class RayServe:
@@ -53,8 +67,8 @@ class RayServe:
         import ray
         from ray import serve
 
-        self.metrics_port = _free_port()
-        self.http_port = _free_port()
+        self.metrics_port = free_port()
+        self.http_port = free_port()
         ray.init(
             num_cpus=16,
             num_gpus=self.GPUS,

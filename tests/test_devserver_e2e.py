@@ -1,7 +1,6 @@
 """`reactor run`'s server end to end: HTTP signaling, WebRTC media and the Python client."""
 
 import asyncio
-import socket
 import threading
 import time
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from conftest import free_port
 import uvicorn
 
 from reactor_serve.client import SessionRefused, connect
@@ -17,17 +17,12 @@ from reactor_serve.webrtc.devserver import create_app
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 class _Server:
     """A dev server on its own thread and loop, as `reactor run` would be."""
 
     def __init__(self, model_dir, **settings):
-        port = _free_port()
+        port = free_port()
         self.base = f"http://127.0.0.1:{port}"
         app = create_app(model_dir, settings_override={"loopback_candidates": True, **settings})
         self.app = app

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +16,8 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 @pytest.fixture(autouse=True)
-def _isolate_imports(monkeypatch: pytest.MonkeyPatch):
-    """Undo the sys.path entries and model modules that loading the examples adds."""
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    before = set(sys.modules)
-    yield
-    for name in set(sys.modules) - before:
-        if name.startswith("_reactor_model_"):
-            del sys.modules[name]
+def _isolate_imports(isolated_imports):
+    """Every test here loads model directories; undo what that adds."""
 
 
 class Recorder:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import free_port
 from fastapi import FastAPI, Request
 
 from reactor_serve.runtime.manifest import load_manifest
@@ -824,14 +824,9 @@ async def test_create_app_reports_a_failing_load(tmp_path):
     assert "no weights here" in str(app.state.load_error)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_reactor_run_starts_quickly_and_serves():
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     proc = subprocess.Popen(

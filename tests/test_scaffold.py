@@ -16,14 +16,8 @@ from reactor_serve.scaffold import init_model
 
 
 @pytest.fixture(autouse=True)
-def _isolate_imports(monkeypatch: pytest.MonkeyPatch):
-    """Undo the sys.path entries and model modules that loading generated models adds."""
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    before = set(sys.modules)
-    yield
-    for name in set(sys.modules) - before:
-        if name.startswith("_reactor_model_"):
-            del sys.modules[name]
+def _isolate_imports(isolated_imports):
+    """Every test here loads model directories; undo what that adds."""
 
 
 @pytest.fixture

@@ -1,0 +1,10 @@
+"""Helpers the benchmarks share (they run as scripts, so this sits beside them)."""
+
+import socket
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
