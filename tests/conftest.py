@@ -106,3 +106,129 @@ def ray_serve():
     cluster = RayServe()
     yield cluster
     cluster.close()
+
+
+# --------------------------------------------------------------------------- browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-quic",
+    # This machine's network is closed: without these Chromium keeps dialling out.
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    # WebRTC to aiortc on this host: real IPs instead of mDNS names, and loopback.
+    "--disable-features=WebRtcHideLocalIpsWithMdns",
+    "--allow-loopback-in-peer-connection",
+    # A fake camera, allowed without a prompt.
+    "--use-fake-device-for-media-stream",
+    "--use-fake-ui-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's headless Chromium, driven by Playwright (one per test module)."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (see the README)")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh browser context and page; what the page logged is printed on failure."""
+    context = browser.new_context(viewport={"width": 1280, "height": 760})
+    tab = context.new_page()
+    tab.on("console", lambda message: print(f"[console.{message.type}] {message.text}"))
+    tab.on("pageerror", lambda error: print(f"[pageerror] {error}"))
+    yield tab
+    context.close()
+
+
+class ReactorRun:
+    """`reactor run DIR` as a real subprocess on a free port."""
+
+    def __init__(self, model_dir, *args, timeout=60.0):
+        import subprocess
+        import sys
+        import tempfile
+        import time
+
+        import httpx
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="reactor-run-", suffix=".log")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "reactor_serve.cli", "run", str(model_dir),
+             "--port", str(self.port), *args],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"reactor run exited with {self.process.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"reactor run did not answer in {timeout} s:\n{self.output()}")
+            time.sleep(0.2)
+
+    def output(self):
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self):
+        import subprocess
+
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def reactor_run():
+    """Start `reactor run` on a model directory; returns its ReactorRun (url, output)."""
+    runs = []
+
+    def start(model_dir, *args):
+        run = ReactorRun(model_dir, *args)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.stop()
+
+
+@pytest.fixture(scope="session")
+def serve_examples(ray_serve):
+    """The gradient and webcam examples on the test session's Serve, app "web"; its URL."""
+    loopback = {"loopback_candidates": True}
+    url = ray_serve.deploy("web", {"models": [
+        {"path": "examples/gradient", "min_replicas": 1, "max_replicas": 1, "warm_spares": 0,
+         "cpus_per_replica": 0.5, "webrtc": loopback},
+        {"path": "examples/webcam_style", "min_replicas": 1, "max_replicas": 1,
+         "warm_spares": 0, "cpus_per_replica": 0.5, "webrtc": loopback},
+    ]})
+    yield url
+    ray_serve.delete("web")

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
 from ray import serve
 
 from reactor_serve import __version__
@@ -22,6 +24,7 @@ from reactor_serve.serve.metrics import IngressMetrics
 from reactor_serve.serve.serve_backend import ServeBackend
 from reactor_serve.webrtc import schema
 from reactor_serve.webrtc.http_api import SessionHTTPMiddleware, session_routes, token_check
+from reactor_serve.webrtc.web_page import PICKER_PAGE, PLAYER_PAGE, asset_routes, page_response
 
 __all__ = ["INGRESS_NAME", "make_ingress"]
 
@@ -70,6 +73,25 @@ def make_ingress(auth_token: str | None) -> Any:
         session_routes(root_backend, server_version=__version__, auth_token=auth_token)
     )
     guard = [Depends(token_check(auth_token))]
+
+    # The web client: the model picker at the root, each model's player page in its
+    # folder. Routes with `{name}` come first so `/models/{name}/` is not read as a
+    # session route.
+    app.include_router(asset_routes("", "/models/{name}"))
+
+    @app.get("/", dependencies=guard, include_in_schema=False)
+    async def picker_page() -> HTMLResponse:
+        return page_response(PICKER_PAGE)
+
+    @app.get("/models/{name}/", dependencies=guard, include_in_schema=False)
+    async def player_page(request: Request) -> HTMLResponse:
+        model_backend(request)  # 404 names the models when this one is unknown
+        return page_response(PLAYER_PAGE)
+
+    @app.get("/models/{name}", include_in_schema=False)
+    async def player_folder(name: str) -> RedirectResponse:
+        # Relative, so a Serve route prefix or a /t/{token}/ prefix is kept.
+        return RedirectResponse(f"{quote(name)}/", status_code=308)
 
     @app.get("/models", dependencies=guard)
     async def list_models() -> dict[str, Any]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 
 from reactor_serve.runtime.model_spec import ModelSpec
@@ -34,6 +35,7 @@ from reactor_serve.webrtc.backend import (
 from reactor_serve.webrtc.http_api import SessionHTTPMiddleware, token_check, session_routes
 from reactor_serve.webrtc.ice import client_ice_servers
 from reactor_serve.webrtc.settings import WebRTCSettings, WebRTCSettingsError
+from reactor_serve.webrtc.web_page import PLAYER_PAGE, asset_routes, page_response, wants_html
 
 if TYPE_CHECKING:
     from reactor_serve.runtime.host import ModelHost
@@ -396,8 +398,13 @@ def create_app(
         session_routes(lambda request: backend, server_version=__version__, auth_token=auth_token)
     )
 
-    @app.get("/", dependencies=[Depends(token_check(auth_token))])
-    async def index(request: Request) -> dict[str, Any]:
+    app.include_router(asset_routes(""))
+
+    @app.get("/", dependencies=[Depends(token_check(auth_token))], response_model=None)
+    async def index(request: Request) -> dict[str, Any] | HTMLResponse:
+        # Browsers get the player page; tools asking for JSON get this summary.
+        if wants_html(request):
+            return page_response(PLAYER_PAGE)
         return {
             "model": name,
             "server_version": __version__,

@@ -1,0 +1,267 @@
+// The player page: one session with the model whose base URL is this page's folder
+// (`/models/{name}/` on the Serve ingress, `/` under `reactor run`).
+import { Controls, commandsOf, el } from "./controls.js";
+import { ReactorSession } from "./session.js";
+import { ConnectionMeter, FrameMeter, renderStats } from "./stats.js";
+
+const LOG_LIMIT = 200;
+const STATS_INTERVAL_MS = 1000;
+// Models steered from the keyboard define both, each with a `key` parameter.
+const KEY_EVENTS = ["key_down", "key_up"];
+
+const $ = (id) => document.getElementById(id);
+const baseUrl = new URL(".", location.href).pathname.replace(/\/+$/, "");
+const session = new ReactorSession(baseUrl);
+const controls = new Controls($("controls"), (command, args) => session.send(command, args));
+
+const tiles = new Map(); // output track name -> <video>/<audio>
+let frameMeter = null;
+const connectionMeter = new ConnectionMeter();
+let serverStats = {};
+let cameraTrackName = null;
+let cameraTrack = null;
+const heldKeys = new Set();
+let keyboard = false;
+
+// ------------------------------------------------------------------ session events
+
+session.addEventListener("state", ({ detail }) => {
+  const badge = $("connection");
+  badge.dataset.state = detail.state;
+  badge.textContent = stateText(detail);
+  $("queue").textContent = detail.state === "queued"
+    ? `Waiting for a free slot: position ${detail.position}` +
+      (typeof detail.eta_s === "number" ? `, about ${Math.ceil(detail.eta_s)} s` : "")
+    : "";
+  $("error").textContent = detail.state === "failed" ? detail.message : "";
+  if (detail.state === "ended" || detail.state === "failed") {
+    releaseKeys();
+    log(detail.state === "ended" ? "session ended" : "connection failed",
+      detail.state === "ended" ? { reason: detail.reason, message: detail.message } : { message: detail.message },
+      "runtime");
+  }
+});
+
+session.addEventListener("track", ({ detail }) => {
+  const tile = tiles.get(detail.name);
+  if (!tile) return;
+  tile.srcObject = new MediaStream([detail.track]);
+  tile.play().catch(() => {}); // muted video autoplays; audio waits for the unmute click
+});
+
+session.addEventListener("schema", ({ detail }) => {
+  const names = new Map(commandsOf(detail).map((c) => [c.name, c]));
+  keyboard = KEY_EVENTS.every((n) => names.has(n) && "key" in names.get(n).params);
+  $("keys-hint").hidden = !keyboard;
+  controls.render(detail, new Set(keyboard ? KEY_EVENTS : []));
+});
+
+session.addEventListener("commanderror", ({ detail }) => {
+  controls.showError(detail);
+  log(`commandError: ${detail.command}`, { message: detail.message }, "error");
+});
+
+session.addEventListener("message", ({ detail }) => log(detail.type, detail.data, "model"));
+session.addEventListener("stats", ({ detail }) => {
+  serverStats = detail;
+});
+
+// ------------------------------------------------------------------ start
+
+async function start() {
+  releaseKeys();
+  try {
+    await session.create();
+  } catch {
+    return;
+  }
+  const { model, capabilities } = session.descriptor;
+  $("model-name").textContent = model.name;
+  document.title = `${model.name} · reactor-serve`;
+  buildTiles(capabilities.tracks.filter((t) => t.direction === "recvonly"));
+  const camera = capabilities.tracks.find((t) => t.direction === "sendonly" && t.kind === "video");
+  if (camera) {
+    cameraTrackName = camera.name;
+    $("inputs-panel").hidden = false;
+    await openCamera($("camera-select").value || undefined);
+  }
+  try {
+    await session.connect();
+  } catch {
+    // shown by the state handler
+  }
+}
+
+function buildTiles(outputs) {
+  const container = $("outputs");
+  container.replaceChildren();
+  tiles.clear();
+  if (frameMeter) frameMeter.stop();
+  frameMeter = null;
+  let hasAudio = false;
+  for (const track of outputs) {
+    if (track.kind === "video") {
+      const video = el("video", { muted: true, autoplay: true, playsInline: true });
+      video.dataset.track = track.name;
+      container.append(el("figure", { className: "tile" }, video, el("figcaption", {}, track.name)));
+      tiles.set(track.name, video);
+      if (!frameMeter) frameMeter = new FrameMeter(video);
+    } else {
+      const audio = el("audio", { autoplay: true, muted: true });
+      audio.dataset.track = track.name;
+      container.append(audio);
+      tiles.set(track.name, audio);
+      hasAudio = true;
+    }
+  }
+  $("unmute").hidden = !hasAudio;
+}
+
+// ------------------------------------------------------------------ camera
+
+async function openCamera(deviceId) {
+  const message = $("camera-error");
+  message.textContent = "";
+  let stream;
+  try {
+    stream = await navigator.mediaDevices.getUserMedia({
+      video: deviceId ? { deviceId: { exact: deviceId } } : true,
+      audio: false,
+    });
+  } catch (err) {
+    message.textContent = cameraProblem(err);
+    log("camera unavailable", { error: err.name, message: err.message }, "error");
+    return;
+  }
+  if (cameraTrack) cameraTrack.stop();
+  cameraTrack = stream.getVideoTracks()[0];
+  $("preview").srcObject = stream;
+  await session.setInput(cameraTrackName, cameraTrack);
+  await listCameras(cameraTrack.getSettings().deviceId);
+}
+
+async function listCameras(selected) {
+  const select = $("camera-select");
+  const devices = (await navigator.mediaDevices.enumerateDevices()).filter((d) => d.kind === "videoinput");
+  select.replaceChildren(...devices.map((d, i) => el("option", { value: d.deviceId }, d.label || `Camera ${i + 1}`)));
+  if (selected) select.value = selected;
+}
+
+function cameraProblem(err) {
+  if (err.name === "NotAllowedError" || err.name === "SecurityError") {
+    return "Camera permission was refused, so the model gets no picture. Allow the camera " +
+      "for this site in the browser's settings, then press Reconnect.";
+  }
+  if (err.name === "NotFoundError" || err.name === "OverconstrainedError") {
+    return "No camera was found. Connect one, then press Reconnect.";
+  }
+  if (err.name === "NotReadableError") {
+    return "The camera is in use by another program.";
+  }
+  return `The camera could not be opened: ${err.message || err.name}`;
+}
+
+$("camera-select").addEventListener("change", (event) => openCamera(event.target.value));
+
+// ------------------------------------------------------------------ keyboard
+
+function keyName(event) {
+  return event.key === " " ? "space" : event.key.toLowerCase();
+}
+
+function sendKey(type, key) {
+  try {
+    session.send(type, { key });
+  } catch {
+    // not connected: nothing to steer
+  }
+}
+
+function releaseKeys() {
+  for (const key of heldKeys) sendKey("key_up", key);
+  heldKeys.clear();
+}
+
+const outputs = $("outputs");
+outputs.addEventListener("click", () => outputs.focus());
+outputs.addEventListener("keydown", (event) => {
+  if (!keyboard || event.metaKey || event.ctrlKey || event.altKey) return;
+  event.preventDefault();
+  const key = keyName(event);
+  if (heldKeys.has(key)) return; // auto-repeat
+  heldKeys.add(key);
+  sendKey("key_down", key);
+});
+outputs.addEventListener("keyup", (event) => {
+  if (!keyboard) return;
+  const key = keyName(event);
+  if (!heldKeys.delete(key)) return;
+  event.preventDefault();
+  sendKey("key_up", key);
+});
+outputs.addEventListener("blur", releaseKeys);
+
+// ------------------------------------------------------------------ buttons, audio, log
+
+$("reconnect").addEventListener("click", async () => {
+  connectionMeter.reset();
+  if (session.sessionId) {
+    try {
+      await session.reconnect();
+    } catch {
+      // shown by the state handler
+    }
+  } else {
+    await start();
+  }
+});
+$("stop").addEventListener("click", () => session.stop());
+$("unmute").addEventListener("click", () => {
+  for (const tile of tiles.values()) {
+    if (tile.tagName === "AUDIO") {
+      tile.muted = false;
+      tile.play().catch(() => {});
+    }
+  }
+  $("unmute").hidden = true;
+});
+window.addEventListener("pagehide", () => session.stop({ onUnload: true }));
+
+function log(type, data, kind) {
+  const list = $("log");
+  const time = new Date().toLocaleTimeString();
+  const body = data === undefined ? "" : JSON.stringify(data);
+  list.prepend(el("li", { className: `log-${kind}` },
+    el("time", {}, time), el("strong", {}, type), el("code", {}, body)));
+  while (list.children.length > LOG_LIMIT) list.lastChild.remove();
+}
+
+function stateText(detail) {
+  switch (detail.state) {
+    case "queued":
+      return "queued";
+    case "ended":
+      return `ended${detail.reason ? `: ${detail.reason}` : ""}`;
+    case "failed":
+      return "failed";
+    default:
+      return detail.state;
+  }
+}
+
+// ------------------------------------------------------------------ stats overlay
+
+setInterval(async () => {
+  const view = frameMeter ? frameMeter.read() : { fps: null, jitter_ms: null };
+  const link = session.state === "connected" ? await connectionMeter.read(session.pc) : {};
+  renderStats($("stats-overlay"), {
+    ...view,
+    ...link,
+    queue_depth: serverStats.queue_depth,
+    server_fps: serverStats.fps,
+  });
+}, STATS_INTERVAL_MS);
+
+if (/\/models\/[^/]+$/.test(baseUrl)) $("home").hidden = false;
+window.reactorSession = session; // for the browser console
+start();
