@@ -1,0 +1,47 @@
+"""Take the README's screenshots of the web page: `python docs/screenshots.py`.
+
+Runs each model with `reactor run` and photographs its page in Debian's headless
+Chromium, with the same harness as the browser tests (Chromium's fake camera stands
+in for a webcam).
+"""
+
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from browser_pages import frame_count, wait_for  # noqa: E402
+from conftest import CHROMIUM, CHROMIUM_ARGS, ReactorRun  # noqa: E402
+from playwright.sync_api import sync_playwright  # noqa: E402
+
+SHOTS = [
+    # (model directory, picture, what to do on the page first)
+    ("examples/gradient", "page-gradient.png", lambda page: None),
+    ("examples/webcam_style", "page-webcam.png",
+     lambda page: page.select_option("#control-set_style", label="thermal")),
+]
+
+
+def main() -> None:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        for model_dir, picture, prepare in SHOTS:
+            run = ReactorRun(ROOT / model_dir)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 720})
+                page.goto(run.url + "/")
+                wait_for(lambda: frame_count(page, "#outputs video") > 30, 60, "frames")
+                prepare(page)
+                time.sleep(3)  # let the stats overlay fill in
+                page.screenshot(path=str(ROOT / "docs" / picture))
+                page.close()
+                print(f"docs/{picture}")
+            finally:
+                run.stop()
+        browser.close()
+
+
+if __name__ == "__main__":
+    main()
