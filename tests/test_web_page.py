@@ -174,6 +174,23 @@ def test_webcam_model_returns_the_transformed_camera_picture(page, reactor_run):
     assert styled[2] > styled[1], styled  # purple: red and blue over green
 
 
+def test_audio_track_plays_after_the_unmute_click(page, reactor_run):
+    run = reactor_run("examples/audio_tone")
+    open_player(page, run.url + "/")
+    audio = "#outputs audio[data-track=main_audio]"
+    wait_for(lambda: page.eval_on_selector(
+        audio, "a => a.srcObject && a.srcObject.getAudioTracks()[0].readyState === 'live'"),
+        10, "the audio track")
+    assert page.eval_on_selector(audio, "a => a.muted") is True
+    page.click("#unmute")
+    assert page.eval_on_selector(audio, "a => a.muted") is False
+    assert page.is_hidden("#unmute")
+    # Playing: its clock advances.
+    start = page.eval_on_selector(audio, "a => a.currentTime")
+    wait_for(lambda: page.eval_on_selector(audio, "a => a.currentTime") > start + 0.5, 10,
+             "the audio to play")
+
+
 def test_refused_camera_is_explained_and_the_session_still_runs(page, reactor_run):
     page.add_init_script("""
         navigator.mediaDevices.getUserMedia = async () => {
