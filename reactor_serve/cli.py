@@ -194,7 +194,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", lifespan="on")
     server = uvicorn.Server(config)
     url = _url(args.host, args.port) + (f"t/{args.token}/" if args.token else "")
-    print(f"Serving model {host.spec.name} at {url}", flush=True)
+    print(f"Serving model {host.spec.name} at {url} (open it in a browser to play it)", flush=True)
     try:
         server.run()
     except SystemExit as exc:  # uvicorn exits when it cannot bind or start
