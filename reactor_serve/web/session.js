@@ -12,6 +12,7 @@
 const PING_INTERVAL_MS = 5000;
 const POLL_INTERVAL_MS = 250;
 const ICE_GATHER_TIMEOUT_MS = 3000;
+const ANSWER_TIMEOUT_MS = 30000;
 
 export class SessionError extends Error {
   constructor(message, status) {
@@ -174,6 +175,9 @@ export class ReactorSession extends EventTarget {
   }
 
   async _pollAnswer(path, generation) {
+    // Waiting in the queue may take long (the server sends 503 when it gives up);
+    // an answer that is merely pending must not.
+    let pendingSince = performance.now();
     for (;;) {
       const response = await fetch(this._url(path));
       const body = await readJson(response);
@@ -181,7 +185,10 @@ export class ReactorSession extends EventTarget {
       if (response.status === 200) return body.sdp_answer;
       if (response.status !== 202) throw errorOf(response, body);
       if (body.status === "queued") {
+        pendingSince = performance.now();
         this._setState("queued", { position: body.position, eta_s: body.eta_s });
+      } else if (performance.now() - pendingSince > ANSWER_TIMEOUT_MS) {
+        throw new SessionError(`the server did not answer the offer within ${ANSWER_TIMEOUT_MS / 1000} s`);
       }
       await sleep(POLL_INTERVAL_MS);
     }
