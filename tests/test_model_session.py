@@ -121,6 +121,44 @@ async def test_handlers_interleave_with_run_at_awaits_only(host_of):
     assert host.model_errors == 0
 
 
+class SlowRoomyModel(ReactorModel):
+    """Slower than its fps, with a buffer it never fills: emit() never has to wait."""
+
+    output: Out
+    fps = 30
+    buffer_size = 32
+
+    def load(self, config):
+        self.value = 0
+
+    @event(name="set_value", description="Set the value")
+    def set_value(self, value: int = InputField(default=0, ge=0, le=255)):
+        self.value = value
+
+    async def run(self):
+        while True:
+            await self.connected.wait()
+            while self.connected.is_set():
+                time.sleep(0.05)  # a blocking forward pass, slower than 1/fps
+                await self.emit(Out(main_video=frame_of(self.value)))
+
+
+async def test_handlers_run_at_every_emit_even_when_the_buffer_has_room(host_of):
+    # The reference: handlers run "at any await point". An emit that finds room must
+    # still let them in, or a slow model with a large buffer never sees a command.
+    host = host_of(SlowRoomyModel)
+    async with connected(host) as client:
+        await client.next_frame()
+        client.send_command("set_value", {"value": 7})
+        frame = await client.next_frame()
+        for _ in range(40):  # 2 s of the model's frames at most
+            if frame.image[0, 0, 0] == 7:
+                break
+            frame = await client.next_frame()
+        assert frame.image[0, 0, 0] == 7, "the handler never ran between emits"
+    assert host.model_errors == 0
+
+
 class EventOnlyModel(ReactorModel):
     """No run(): the default blocks forever and handlers do the work."""
 

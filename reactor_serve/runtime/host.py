@@ -430,6 +430,9 @@ class ModelHost:
         items = self._prepare(output, compute_time)
         if items:
             await self.output_buffer.put(items, drop)
+        # Every emit is an await point for event handlers, as the reference promises,
+        # even when the buffer had room and `put` returned without suspending.
+        await asyncio.sleep(0)
 
     def _emit_block(self, session: Session, frames: Any) -> None:
         if session.stopping:
@@ -491,6 +494,7 @@ class _Binding:
         session = self._host._session
         if session is not None and not session.stopping:
             session.send_application(message)
+        await asyncio.sleep(0)  # an await point for handlers, like emit
 
 
 async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
