@@ -21,7 +21,19 @@ SHOTS = [
     ("examples/gradient", "page-gradient.png", lambda page: None),
     ("examples/webcam_style", "page-webcam.png",
      lambda page: page.select_option("#control-set_style", label="thermal")),
+    ("examples/world", "page-world.png", lambda page: _steer(page)),
 ]
+
+
+def _steer(page) -> None:
+    """Walk forward while turning right for a while, as a player would."""
+    page.click("#outputs")
+    page.keyboard.down("w")
+    page.keyboard.down("e")
+    time.sleep(2)
+    page.keyboard.up("e")
+    time.sleep(1)
+    page.keyboard.up("w")
 
 
 def main() -> None:

@@ -55,6 +55,7 @@ def test_every_example_has_its_files():
         ("webcam_style", "pipeline.py"),
         ("audio_tone", "pipeline.py"),
         ("legacy_blocks", "model.py"),
+        ("world", "pipeline.py"),
     ]:
         directory = EXAMPLES / name
         for filename in (module, "reactor.yaml", "config.yml", "README.md"):

@@ -15,10 +15,7 @@ from reactor_serve.serve.policy import (
     target_replicas,
 )
 
-serve_config = pytest.importorskip("ray.serve.config")
-AutoscalingConfig = serve_config.AutoscalingConfig
-AutoscalingContext = serve_config.AutoscalingContext
-AutoscalingPolicy = serve_config.AutoscalingPolicy
+from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
 
 
 def _target(sessions: float, *, spares: int = 1, slots: int = 1, lo: int = 0, hi: int = 10) -> int:
@@ -178,7 +175,7 @@ def test_policy_module_is_import_light() -> None:
 def test_serve_instantiates_the_class_with_policy_kwargs() -> None:
     """Ray 2.60: a class named by policy_function is instantiated once with
     policy_kwargs, then wrapped with the delay/bounds logic and called with the context."""
-    autoscaling_state = pytest.importorskip("ray.serve._private.autoscaling_state")
+    from ray.serve._private import autoscaling_state
     from ray.serve.autoscaling_policy import _apply_autoscaling_config
 
     config = _config(warm_spares=2, max_replicas=6)

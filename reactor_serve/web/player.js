@@ -229,7 +229,7 @@ window.addEventListener("pagehide", () => session.stop({ onUnload: true }));
 
 function log(type, data, kind) {
   const list = $("log");
-  const time = new Date().toLocaleTimeString();
+  const time = new Date().toLocaleTimeString([], { hour12: false });
   const body = data === undefined ? "" : JSON.stringify(data);
   list.prepend(el("li", { className: `log-${kind}` },
     el("time", {}, time), el("strong", {}, type), el("code", {}, body)));
