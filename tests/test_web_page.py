@@ -219,6 +219,14 @@ def test_reconnect_keeps_the_models_state(page, reactor_run):
     assert brightness(page, VIDEO) < 25, "the model's state survived the reconnect"
 
 
+def test_page_under_a_token_prefix_carries_the_token(page, reactor_run):
+    run = reactor_run(GRADIENT, "--token", "s3cret")
+    assert httpx.get(run.url + "/", headers={"accept": "text/html"}).status_code == 401
+    # The page's API base is its own folder, so every request keeps the /t/ prefix.
+    open_player(page, run.url + "/t/s3cret/")
+    assert brightness(page, VIDEO) > 60
+
+
 def test_closing_the_tab_ends_the_session(browser, reactor_run):
     run = reactor_run(GRADIENT)
     context = browser.new_context()
