@@ -12,9 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from browser_pages import frame_count, wait_for  # noqa: E402
-from conftest import CHROMIUM, CHROMIUM_ARGS, ReactorRun  # noqa: E402
-from playwright.sync_api import sync_playwright  # noqa: E402
+from browser_pages import frame_count, wait_for
+from conftest import CHROMIUM, CHROMIUM_ARGS, ReactorRun
+from playwright.sync_api import sync_playwright
 
 SHOTS = [
     # (model directory, picture, what to do on the page first)
@@ -44,7 +44,7 @@ def main() -> None:
             try:
                 page = browser.new_page(viewport={"width": 1280, "height": 720})
                 page.goto(run.url + "/")
-                wait_for(lambda: frame_count(page, "#outputs video") > 30, 60, "frames")
+                wait_for(lambda page=page: frame_count(page, "#outputs video") > 30, 60, "frames")
                 prepare(page)
                 time.sleep(3)  # let the stats overlay fill in
                 page.screenshot(path=str(ROOT / "docs" / picture))

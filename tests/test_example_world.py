@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import connected
+from test_examples_run import Recorder as BaseRecorder
 
-from reactor_serve.runtime.driver import LocalClient, ReceivedFrame
 from reactor_serve.runtime.manifest import load_manifest
 
 WORLD = Path(__file__).parent.parent / "examples" / "world"
@@ -43,31 +42,10 @@ def test_world_has_its_files():
         assert f"\n| {block_size} | " in readme
 
 
-class Recorder:
-    """Keeps every new frame the client is shown, so none is missed between awaits."""
-
-    def __init__(self, client: LocalClient) -> None:
-        self.client = client
-        self.frames: list[ReceivedFrame] = []
-        client.on_frame = self._on_frame
-
-    def _on_frame(self, frame: ReceivedFrame) -> None:
-        if frame.is_new:
-            self.frames.append(frame)
-
-    async def until(self, count: int, timeout: float = 10.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while len(self.frames) < count:
-            if loop.time() > deadline:
-                raise TimeoutError(f"{len(self.frames)} of {count} new frames within {timeout} s")
-            await self.client.next_frame(new=False, timeout=timeout)
-
-    async def more(self, count: int) -> list[np.ndarray]:
+class Recorder(BaseRecorder):
+    async def pictures(self, count: int) -> list[np.ndarray]:
         """The pictures of the next `count` new frames from now."""
-        start = len(self.frames)
-        await self.until(start + count)
-        return [f.image for f in self.frames[start : start + count]]
+        return [f.image for f in await self.more(count, timeout=10.0)]
 
     async def settle(self, still: int, within: int) -> tuple[np.ndarray, int]:
         """Wait until `still` new frames in a row show one picture (at most `within`
@@ -77,7 +55,7 @@ class Recorder:
         run = 0
         index = start
         while True:
-            await self.until(index + 1)
+            await self.until(index + 1, timeout=10.0)
             frames = self.frames
             same = index > start and np.array_equal(frames[index].image, frames[index - 1].image)
             run = run + 1 if same else 1
@@ -91,13 +69,13 @@ class Recorder:
         """How many new frames from now until one differs from `picture`."""
         start = len(self.frames)
         for index in range(start, start + within):
-            await self.until(index + 1)
+            await self.until(index + 1, timeout=10.0)
             if not np.array_equal(self.frames[index].image, picture):
                 return index - start
         raise AssertionError(f"the picture did not change within {within} frames")
 
 
-def progress_steps(client: LocalClient) -> list[int]:
+def progress_steps(client) -> list[int]:
     return [
         m["data"]["data"]["step"]
         for m in client.messages
@@ -123,7 +101,7 @@ async def test_world_moves_while_a_key_is_held(world):
         recorder = Recorder(client)
 
         # A real picture: sky above, terrain below, at the configured size.
-        first = (await recorder.more(1))[0]
+        first = (await recorder.pictures(1))[0]
         assert first.shape == (HEIGHT, WIDTH, 3) and first.dtype == np.uint8
         assert first.mean() > 40 and first.std() > 10
         sky, ground = first[:5].reshape(-1, 3).mean(0), first[-5:].reshape(-1, 3).mean(0)
@@ -131,21 +109,21 @@ async def test_world_moves_while_a_key_is_held(world):
         assert np.abs(sky - ground).mean() > 20
 
         # No keys: the world stands still, frame after frame.
-        for picture in await recorder.more(3 * block):
+        for picture in await recorder.pictures(3 * block):
             assert np.array_equal(picture, first)
 
         # Keys that are not controls are ignored, not rejected.
         mark = len(client.messages)
         client.send_command("key_down", {"key": "x"})
         client.send_command("key_down", {"key": "f5"})
-        for picture in await recorder.more(still):
+        for picture in await recorder.pictures(still):
             assert np.array_equal(picture, first)
         assert not any(m["data"].get("type") == "commandError" for m in client.messages[mark:])
 
         # Holding "w" walks forward: every frame differs from the one before.
         client.send_command("key_down", {"key": "w"})
         await recorder.change_from(first, within=queued)
-        walking = await recorder.more(2 * block)
+        walking = await recorder.pictures(2 * block)
         for a, b in itertools.pairwise(walking):
             assert differs(a, b) > 0.5
 
@@ -154,7 +132,7 @@ async def test_world_moves_while_a_key_is_held(world):
         client.send_command("key_up", {"key": "x"})
         walked, changing = await recorder.settle(still, within=queued + still)
         assert changing >= 1  # the frames made while the key was down still move
-        for picture in await recorder.more(2 * still):
+        for picture in await recorder.pictures(2 * still):
             assert np.array_equal(picture, walked)
         assert differs(walked, first) > 5
 
@@ -202,7 +180,7 @@ async def test_world_moves_while_a_key_is_held(world):
     # @disconnected let go of the keys; @connected starts the next client afresh.
     async with connected(world) as client:
         recorder = Recorder(client)
-        for picture in await recorder.more(still):
+        for picture in await recorder.pictures(still):
             assert np.array_equal(picture, first)
         steps = progress_steps(client)
         assert steps and steps[0] == block

@@ -23,8 +23,17 @@ from reactor_serve.serve.config import ModelEntry
 from reactor_serve.serve.metrics import IngressMetrics
 from reactor_serve.serve.serve_backend import ServeBackend
 from reactor_serve.webrtc import schema
-from reactor_serve.webrtc.http_api import SessionHTTPMiddleware, session_routes, token_check
-from reactor_serve.webrtc.web_page import PICKER_PAGE, PLAYER_PAGE, asset_routes, page_response
+from reactor_serve.webrtc.http_api import (
+    SessionHTTPMiddleware,
+    session_routes,
+    token_check,
+)
+from reactor_serve.webrtc.web_page import (
+    PICKER_PAGE,
+    PLAYER_PAGE,
+    asset_routes,
+    page_response,
+)
 
 __all__ = ["INGRESS_NAME", "make_ingress"]
 

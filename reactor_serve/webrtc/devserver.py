@@ -32,10 +32,19 @@ from reactor_serve.webrtc.backend import (
     SessionInfo,
     UnknownSession,
 )
-from reactor_serve.webrtc.http_api import SessionHTTPMiddleware, token_check, session_routes
+from reactor_serve.webrtc.http_api import (
+    SessionHTTPMiddleware,
+    session_routes,
+    token_check,
+)
 from reactor_serve.webrtc.ice import client_ice_servers
 from reactor_serve.webrtc.settings import WebRTCSettings, WebRTCSettingsError
-from reactor_serve.webrtc.web_page import PLAYER_PAGE, asset_routes, page_response, wants_html
+from reactor_serve.webrtc.web_page import (
+    PLAYER_PAGE,
+    asset_routes,
+    page_response,
+    wants_html,
+)
 
 if TYPE_CHECKING:
     from reactor_serve.runtime.host import ModelHost
