@@ -11,7 +11,9 @@
 //   stats        the server's periodic stats
 const PING_INTERVAL_MS = 5000;
 const POLL_INTERVAL_MS = 250;
+const POLL_FIRST_MS = 20;
 const ICE_GATHER_TIMEOUT_MS = 3000;
+const HOST_CANDIDATES_QUIET_MS = 30;
 const ANSWER_TIMEOUT_MS = 30000;
 
 export class SessionError extends Error {
@@ -158,8 +160,9 @@ export class ReactorSession extends EventTarget {
     };
     this._openChannel(pc.createDataChannel("data"), generation);
 
+    const ready = candidatesReady(pc, iceServers.length > 0);
     await pc.setLocalDescription(await pc.createOffer());
-    await gatheringComplete(pc);
+    await ready;
     const mapping = pc.getTransceivers()
       .filter((t) => names.has(t))
       .map((t) => ({ mid: t.mid, ...names.get(t) }));
@@ -178,6 +181,7 @@ export class ReactorSession extends EventTarget {
     // Waiting in the queue may take long (the server sends 503 when it gives up);
     // an answer that is merely pending must not.
     let pendingSince = performance.now();
+    let polls = 0;
     for (;;) {
       const response = await fetch(this._url(path));
       const body = await readJson(response);
@@ -190,7 +194,8 @@ export class ReactorSession extends EventTarget {
       } else if (performance.now() - pendingSince > ANSWER_TIMEOUT_MS) {
         throw new SessionError(`the server did not answer the offer within ${ANSWER_TIMEOUT_MS / 1000} s`);
       }
-      await sleep(POLL_INTERVAL_MS);
+      // The answer usually takes tens of milliseconds: ask again soon, then back off.
+      await sleep(Math.min(POLL_INTERVAL_MS, POLL_FIRST_MS * 2 ** polls++));
     }
   }
 
@@ -330,21 +335,37 @@ async function readJson(response) {
   }
 }
 
-function gatheringComplete(pc) {
+/**
+ * Resolves when the offer's candidates are ready to send (the server takes them inline).
+ * With STUN/TURN servers that is when gathering completes. Without any, only host
+ * candidates can come, and the UDP ones arrive within milliseconds while Chromium's
+ * TCP candidates (which the server cannot use) take another ~120 ms: so a short quiet
+ * spell after the last UDP candidate is enough.
+ */
+function candidatesReady(pc, hasIceServers) {
   if (pc.iceGatheringState === "complete") return Promise.resolve();
   return new Promise((resolve) => {
+    let quiet = null;
     const done = () => {
-      pc.removeEventListener("icegatheringstatechange", check);
+      pc.removeEventListener("icegatheringstatechange", onState);
+      pc.removeEventListener("icecandidate", onCandidate);
       clearTimeout(timer);
+      clearTimeout(quiet);
       resolve();
     };
-    const check = () => {
+    const onState = () => {
       if (pc.iceGatheringState === "complete") done();
     };
-    // Without STUN servers gathering ends at once; with an unreachable one it would
-    // take the browser's full timeout, and the candidates found so far are enough.
+    const onCandidate = (event) => {
+      if (hasIceServers || !event.candidate || event.candidate.protocol !== "udp") return;
+      clearTimeout(quiet);
+      quiet = setTimeout(done, HOST_CANDIDATES_QUIET_MS);
+    };
+    // With an unreachable STUN server gathering would take the browser's full
+    // timeout; the candidates found by then are enough.
     const timer = setTimeout(done, ICE_GATHER_TIMEOUT_MS);
-    pc.addEventListener("icegatheringstatechange", check);
+    pc.addEventListener("icegatheringstatechange", onState);
+    pc.addEventListener("icecandidate", onCandidate);
   });
 }
 
