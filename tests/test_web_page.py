@@ -132,9 +132,18 @@ def test_controls_are_built_from_the_schema_and_show_command_errors(page, reacto
     page.click("form[data-command=place] button[type=submit]")
     wait_for_log(page, r'"command":"place","args":\{"x":0.25,"y":0.5\}', "the form's command")
 
-    # The picture follows the level slider (the model paints its grey level).
+    # Both output tracks play side by side, captioned; the picture follows the level
+    # slider (the model paints its grey level, and its negative on the second track).
+    assert page.eval_on_selector_all("#outputs figcaption", "c => c.map(e => e.textContent)") == [
+        "main_video", "negative"]
+    negative = "#outputs video[data-track=negative]"
+    wait_for(lambda: frame_count(page, negative) > 10, 10, "the second track to play")
+    boxes = [page.locator(f"#outputs video[data-track={t}]").bounding_box()
+             for t in ("main_video", "negative")]
+    assert boxes[1]["x"] > boxes[0]["x"] + boxes[0]["width"] - 1, "side by side"
     set_range(page, "#control-set_level", 1)
     wait_for(lambda: brightness(page, VIDEO) > 230, 10, "a white picture")
+    wait_for(lambda: brightness(page, negative) < 25, 10, "a black negative")
 
 
 def test_keys_over_the_video_are_sent_to_key_events(page, reactor_run):

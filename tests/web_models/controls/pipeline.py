@@ -1,5 +1,6 @@
 # A model with one command of every kind the web page builds a control for, each
-# echoed back as a model message, so the browser tests can see what the page sent.
+# echoed back as a model message, so the browser tests can see what the page sent;
+# and two output tracks: its grey level, and the negative of it.
 import asyncio
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from reactor_runtime.interface import (
 @dataclass
 class Picture(Output):
     main_video: Video
+    negative: Video
 
 
 @dataclass
@@ -77,5 +79,8 @@ class ControlsModel(ReactorModel):
             await self.connected.wait()
             while self.connected.is_set():
                 value = int(round(self.level * 255))
-                await self.emit(Picture(main_video=np.full((120, 160, 3), value, np.uint8)))
+                await self.emit(Picture(
+                    main_video=np.full((120, 160, 3), value, np.uint8),
+                    negative=np.full((120, 160, 3), 255 - value, np.uint8),
+                ))
                 await asyncio.sleep(0)
