@@ -19,12 +19,12 @@ VIDEO_MEAN = """(video) => {
   return sum.map((s) => s / n);
 }"""
 
-FRAME_COUNT = "(video) => video.getVideoPlaybackQuality().totalVideoFrames"
+FRAME_COUNT = "([video]) => video ? video.getVideoPlaybackQuality().totalVideoFrames : 0"
 
 
 def video_mean(page, selector):
     """[R, G, B] means of the frame `selector`'s video shows now (None before the first)."""
-    return page.eval_on_selector(selector, VIDEO_MEAN)
+    return page.eval_on_selector_all(selector, f"([video]) => video ? ({VIDEO_MEAN})(video) : null")
 
 
 def brightness(page, selector):
@@ -33,7 +33,8 @@ def brightness(page, selector):
 
 
 def frame_count(page, selector):
-    return page.eval_on_selector(selector, FRAME_COUNT)
+    """Frames `selector`'s video has presented (0 while there is no such element)."""
+    return page.eval_on_selector_all(selector, FRAME_COUNT)
 
 
 def wait_for(condition, timeout, what):
