@@ -1,5 +1,6 @@
 """The web page in real headless Chromium, against `reactor run` and the Serve ingress."""
 
+import json
 import re
 
 import httpx
@@ -11,6 +12,7 @@ pytestmark = pytest.mark.timeout(240)
 GRADIENT = "examples/gradient"
 WEBCAM = "examples/webcam_style"
 CONTROLS = "tests/web_models/controls"
+MICROPHONE = "tests/web_models/microphone"
 VIDEO = "#outputs video"
 
 
@@ -168,9 +170,9 @@ def test_webcam_model_returns_the_transformed_camera_picture(page, reactor_run):
     run = reactor_run(WEBCAM)
     open_player(page, run.url + "/")
     assert page.is_visible("#inputs-panel")
-    assert "fake" in page.inner_text("#camera-select").lower()
+    assert "fake" in page.inner_text("#input-camera-select").lower()
     # Chromium's fake camera is green; with no style the model returns it as it is.
-    camera = video_mean(page, "#preview")
+    camera = video_mean(page, "#input-camera-preview")
     assert camera[1] > camera[0] + 60 and camera[1] > camera[2] + 60, camera
     wait_for(lambda: (m := video_mean(page, VIDEO)) and m[1] > m[0] + 60, 10,
              "the camera's green picture back from the model")
@@ -178,7 +180,7 @@ def test_webcam_model_returns_the_transformed_camera_picture(page, reactor_run):
     page.select_option("#control-set_style", label="thermal")
     styled = wait_for(lambda: (m := video_mean(page, VIDEO)) and m[0] > m[1] + 40 and m, 10,
                       "the thermal picture")
-    camera = video_mean(page, "#preview")
+    camera = video_mean(page, "#input-camera-preview")
     assert camera[1] > camera[0] + 60, f"the camera itself stayed green: {camera}"
     assert styled[2] > styled[1], styled  # purple: red and blue over green
 
@@ -200,6 +202,22 @@ def test_audio_track_plays_after_the_unmute_click(page, reactor_run):
              "the audio to play")
 
 
+def test_microphone_is_sent_to_an_input_audio_track(page, reactor_run):
+    run = reactor_run(MICROPHONE)
+    open_player(page, run.url + "/")
+    assert page.locator("[data-input=microphone] h3").inner_text() == "Microphone → microphone"
+    assert page.inner_text("#input-microphone-select").strip() != ""
+    # Chromium's fake microphone beeps: the model hears sound, in 20 ms chunks at 48 kHz.
+    wait_for_log(page, r'^level ', "the model's level reports")
+
+    def heard():
+        levels = [json.loads(e.split(" ", 1)[1]) for e in log_entries(page) if e.startswith("level ")]
+        return [lv for lv in levels if lv["rms"] > 0]
+
+    loud = wait_for(heard, 10, "a level above silence")
+    assert loud[0]["chunk_shape"][-1] == 960, loud
+
+
 def test_refused_camera_is_explained_and_the_session_still_runs(page, reactor_run):
     page.add_init_script("""
         navigator.mediaDevices.getUserMedia = async () => {
@@ -209,7 +227,7 @@ def test_refused_camera_is_explained_and_the_session_still_runs(page, reactor_ru
     run = reactor_run(WEBCAM)
     page.goto(run.url + "/")
     wait_for(lambda: page.inner_text("#connection") == "connected", 30, "the page to connect")
-    assert "permission was refused" in page.inner_text("#camera-error")
+    assert "permission was refused" in page.inner_text("#input-camera-error")
     assert "camera unavailable" in " ".join(log_entries(page))
 
 

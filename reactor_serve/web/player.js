@@ -1,6 +1,7 @@
 // The player page: one session with the model whose base URL is this page's folder
 // (`/models/{name}/` on the Serve ingress, `/` under `reactor run`).
 import { Controls, commandsOf, el } from "./controls.js";
+import { InputSource } from "./inputs.js";
 import { ReactorSession } from "./session.js";
 import { ConnectionMeter, FrameMeter, renderStats } from "./stats.js";
 
@@ -18,8 +19,7 @@ const tiles = new Map(); // output track name -> <video>/<audio>
 let frameMeter = null;
 const connectionMeter = new ConnectionMeter();
 let serverStats = {};
-let cameraTrackName = null;
-let cameraTrack = null;
+let inputs = []; // InputSource per model input track
 const heldKeys = new Set();
 let keyboard = false;
 
@@ -79,17 +79,27 @@ async function start() {
   $("model-name").textContent = model.name;
   document.title = `${model.name} · reactor-serve`;
   buildTiles(capabilities.tracks.filter((t) => t.direction === "recvonly"));
-  const camera = capabilities.tracks.find((t) => t.direction === "sendonly" && t.kind === "video");
-  if (camera) {
-    cameraTrackName = camera.name;
-    $("inputs-panel").hidden = false;
-    await openCamera($("camera-select").value || undefined);
-  }
+  const picked = buildInputs(capabilities.tracks.filter((t) => t.direction === "sendonly"));
+  // Devices open before the offer, so the first connection already carries them; a
+  // new session after Stop keeps the devices the user picked.
+  for (const source of inputs) await source.open(picked.get(source.name));
   try {
     await session.connect();
   } catch {
     // shown by the state handler
   }
+}
+
+/** One InputSource per input track; returns the devices the old ones had open. */
+function buildInputs(tracks) {
+  const picked = new Map(inputs.map((source) => [source.name, source.deviceId]));
+  for (const source of inputs) source.close();
+  const container = $("inputs");
+  container.replaceChildren();
+  inputs = tracks.map((track) => new InputSource(
+    track, container, (name, media) => session.setInput(name, media), log));
+  $("inputs-panel").hidden = inputs.length === 0;
+  return picked;
 }
 
 function buildTiles(outputs) {
@@ -116,52 +126,6 @@ function buildTiles(outputs) {
   }
   $("unmute").hidden = !hasAudio;
 }
-
-// ------------------------------------------------------------------ camera
-
-async function openCamera(deviceId) {
-  const message = $("camera-error");
-  message.textContent = "";
-  let stream;
-  try {
-    stream = await navigator.mediaDevices.getUserMedia({
-      video: deviceId ? { deviceId: { exact: deviceId } } : true,
-      audio: false,
-    });
-  } catch (err) {
-    message.textContent = cameraProblem(err);
-    log("camera unavailable", { error: err.name, message: err.message }, "error");
-    return;
-  }
-  if (cameraTrack) cameraTrack.stop();
-  cameraTrack = stream.getVideoTracks()[0];
-  $("preview").srcObject = stream;
-  await session.setInput(cameraTrackName, cameraTrack);
-  await listCameras(cameraTrack.getSettings().deviceId);
-}
-
-async function listCameras(selected) {
-  const select = $("camera-select");
-  const devices = (await navigator.mediaDevices.enumerateDevices()).filter((d) => d.kind === "videoinput");
-  select.replaceChildren(...devices.map((d, i) => el("option", { value: d.deviceId }, d.label || `Camera ${i + 1}`)));
-  if (selected) select.value = selected;
-}
-
-function cameraProblem(err) {
-  if (err.name === "NotAllowedError" || err.name === "SecurityError") {
-    return "Camera permission was refused, so the model gets no picture. Allow the camera " +
-      "for this site in the browser's settings, then press Reconnect.";
-  }
-  if (err.name === "NotFoundError" || err.name === "OverconstrainedError") {
-    return "No camera was found. Connect one, then press Reconnect.";
-  }
-  if (err.name === "NotReadableError") {
-    return "The camera is in use by another program.";
-  }
-  return `The camera could not be opened: ${err.message || err.name}`;
-}
-
-$("camera-select").addEventListener("change", (event) => openCamera(event.target.value));
 
 // ------------------------------------------------------------------ keyboard
 
