@@ -93,7 +93,10 @@ async function start() {
 /** One InputSource per input track; returns the devices the old ones had open. */
 function buildInputs(tracks) {
   const picked = new Map(inputs.map((source) => [source.name, source.deviceId]));
-  for (const source of inputs) source.close();
+  for (const source of inputs) {
+    source.close();
+    session.setInput(source.name, null); // a device that fails to reopen sends nothing
+  }
   const container = $("inputs");
   container.replaceChildren();
   inputs = tracks.map((track) => new InputSource(
