@@ -84,8 +84,7 @@ def make_ingress(auth_token: str | None) -> Any:
     guard = [Depends(token_check(auth_token))]
 
     # The web client: the model picker at the root, each model's player page in its
-    # folder. Routes with `{name}` come first so `/models/{name}/` is not read as a
-    # session route.
+    # folder (the trailing slash is what lets the page's relative URLs reach the model).
     app.include_router(asset_routes("", "/models/{name}"))
 
     @app.get("/", dependencies=guard, include_in_schema=False)
