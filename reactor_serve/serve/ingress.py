@@ -1,9 +1,10 @@
 """The ingress deployment: one FastAPI app in front of every model.
 
 PROTOCOL.md's routes for each model under `/models/{name}`, and for the first model at
-the root; `GET /models` (names, tracks, schemas, computed from the classes: no replica
-needed); `GET /health`. Media never passes through here: the client's WebRTC goes
-straight to the replica that runs its session.
+the root (so `GET /health` is the first model's, as the protocol has it); `GET /models`
+(names, tracks, schemas, computed from the classes: no replica needed); the web page.
+Media never passes through here: the client's WebRTC goes straight to the replica that
+runs its session.
 """
 
 from __future__ import annotations
@@ -118,11 +119,6 @@ def make_ingress(auth_token: str | None) -> Any:
     @app.get("/models/{name}/sessions", dependencies=guard)
     async def list_sessions(request: Request) -> dict[str, Any]:
         return {"sessions": model_backend(request).describe_sessions()}
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        backends = _live_backends()
-        return {"status": "ok" if backends else "starting", "models": list(backends)}
 
     @serve.deployment(name=INGRESS_NAME)
     @serve.ingress(app)
