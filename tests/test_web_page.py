@@ -5,7 +5,14 @@ import re
 
 import httpx
 import pytest
-from browser_pages import brightness, frame_count, video_mean, wait_for
+from browser_pages import (
+    brightness,
+    frame_count,
+    picture_change,
+    thumbnail,
+    video_mean,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -164,6 +171,27 @@ def test_keys_over_the_video_are_sent_to_key_events(page, reactor_run):
     wait_for_log(page, r'"key_up","args":\{"key":"space"\}', "space released on blur")
     downs = [e for e in log_entries(page) if '"key_down"' in e]
     assert len(downs) == 2, downs
+
+
+def test_world_model_is_steered_from_the_keyboard(page, reactor_run):
+    run = reactor_run("examples/world")
+    open_player(page, run.url + "/")
+    assert page.is_visible("#keys-hint")
+    # Standing still, the world does not move.
+    still = thumbnail(page, VIDEO)
+    page.wait_for_timeout(1000)
+    assert picture_change(still, thumbnail(page, VIDEO)) < 2
+    # Holding a key turns the view; letting go stops it.
+    page.click("#outputs")
+    page.keyboard.down("e")
+    wait_for(lambda: picture_change(still, thumbnail(page, VIDEO)) > 10, 10,
+             "the view to turn while e is held")
+    page.keyboard.up("e")
+    wait_for_log(page, r'^progress .*"keys":\[\]', "a block made with no key held")
+    page.wait_for_timeout(1500)  # the blocks made while e was held play out
+    settled = thumbnail(page, VIDEO)
+    page.wait_for_timeout(1000)
+    assert picture_change(settled, thumbnail(page, VIDEO)) < 2, "the view kept turning"
 
 
 def test_webcam_model_returns_the_transformed_camera_picture(page, reactor_run):
