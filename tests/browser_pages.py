@@ -2,43 +2,42 @@
 
 import time
 
-# Mean of R, G, B over a video element's current frame, read through a canvas.
-VIDEO_MEAN = """(video) => {
-  if (!video.videoWidth) return null;
+
+def _from_pixels(width, height, body):
+    """A page function of `[video]`: `body` runs on `data`, the RGBA pixels of the
+    video's current frame scaled to `width` x `height`; null while there is none."""
+    return f"""([video]) => {{
+  if (!video || !video.videoWidth) return null;
   const canvas = document.createElement("canvas");
-  canvas.width = 160;
-  canvas.height = 120;
-  const ctx = canvas.getContext("2d", { willReadFrequently: true });
+  canvas.width = {width};
+  canvas.height = {height};
+  const ctx = canvas.getContext("2d", {{ willReadFrequently: true }});
   ctx.drawImage(video, 0, 0, canvas.width, canvas.height);
   const data = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
+  {body}
+}}"""
+
+
+# Mean of R, G, B over the frame.
+VIDEO_MEAN = _from_pixels(160, 120, """
   const sum = [0, 0, 0];
   for (let i = 0; i < data.length; i += 4) {
     sum[0] += data[i]; sum[1] += data[i + 1]; sum[2] += data[i + 2];
   }
-  const n = data.length / 4;
-  return sum.map((s) => s / n);
-}"""
+  return sum.map((s) => s / (data.length / 4));""")
 
-# A 32x24 grey thumbnail of a video element's current frame, as a flat list.
-THUMBNAIL = """([video]) => {
-  if (!video || !video.videoWidth) return null;
-  const canvas = document.createElement("canvas");
-  canvas.width = 32;
-  canvas.height = 24;
-  const ctx = canvas.getContext("2d", { willReadFrequently: true });
-  ctx.drawImage(video, 0, 0, canvas.width, canvas.height);
-  const data = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
+# A 32x24 grey thumbnail of the frame, as a flat list.
+THUMBNAIL = _from_pixels(32, 24, """
   const grey = [];
   for (let i = 0; i < data.length; i += 4) grey.push((data[i] + data[i + 1] + data[i + 2]) / 3);
-  return grey;
-}"""
+  return grey;""")
 
 FRAME_COUNT = "([video]) => video ? video.getVideoPlaybackQuality().totalVideoFrames : 0"
 
 
 def video_mean(page, selector):
     """[R, G, B] means of the frame `selector`'s video shows now (None before the first)."""
-    return page.eval_on_selector_all(selector, f"([video]) => video ? ({VIDEO_MEAN})(video) : null")
+    return page.eval_on_selector_all(selector, VIDEO_MEAN)
 
 
 def thumbnail(page, selector):

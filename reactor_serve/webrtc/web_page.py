@@ -49,7 +49,7 @@ def wants_html(request: Request) -> bool:
 
 
 def asset_routes(*prefixes: str) -> APIRouter:
-    """`GET {prefix}/_web/{name}` for each prefix: the pages' scripts and styles."""
+    """`GET {prefix}/_web/{file}` for each prefix: the pages' scripts and styles."""
     router = APIRouter()
 
     async def asset(file: str) -> Response:
@@ -62,7 +62,7 @@ def asset_routes(*prefixes: str) -> APIRouter:
     for prefix in prefixes:
         router.add_api_route(
             f"{prefix}/_web/{{file}}", asset, methods=["GET"], include_in_schema=False,
-            name=f"web_asset{prefix.replace('/', '_').replace('{', '').replace('}', '')}",
+            name=f"web_asset:{prefix or '/'}",
         )
     return router
 
