@@ -1,9 +1,15 @@
-"""`SessionBackend`: what the HTTP session API (PROTOCOL.md) needs from whatever runs
-the sessions: an in-process model for `reactor run`, Ray Serve replicas for the ingress.
+"""`SessionBackend`: the one contract between the HTTP session API (PROTOCOL.md) and
+whatever runs the sessions: an in-process model for `reactor run`, Ray Serve replicas
+behind a stateless ingress. One contract suite (`tests/test_session_contract.py`) runs
+against both.
+
+A session's id is its capability: whoever holds it may offer, trickle, poll and stop.
+So no method here lists ids to anyone but an operator, and those are masked.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -12,12 +18,15 @@ from reactor_serve.runtime.model_spec import ModelSpec
 __all__ = [
     "AnswerPending",
     "BackendError",
+    "ClientIdentity",
     "ModelBusy",
     "ModelUnavailable",
     "OfferRejected",
     "SessionBackend",
     "SessionInfo",
+    "SessionState",
     "UnknownSession",
+    "mask_session_id",
 ]
 
 
@@ -26,8 +35,14 @@ class BackendError(Exception):
 
     status = 500
 
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
 
 class UnknownSession(BackendError):
+    """No such session, or it ended (the message says which, and why it ended)."""
+
     status = 404
 
 
@@ -37,21 +52,47 @@ class ModelBusy(BackendError):
 
     status = 409
 
-    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
 
 class ModelUnavailable(BackendError):
-    """The model is not loaded (still loading, or its load failed)."""
+    """The model cannot take sessions now: still loading, its load failed, or the
+    control plane is restarting. Clients should retry after `retry_after_s`."""
 
     status = 503
 
 
 class OfferRejected(BackendError):
-    """A malformed SDP offer or track mapping."""
+    """A malformed SDP offer, candidate or track mapping."""
 
     status = 400
+
+
+class SessionState:
+    """A session's life: created -> waiting -> streaming <-> orphaned -> ended.
+
+    `waiting`: offered, waiting for a slot or for negotiation to finish. `orphaned`:
+    the transport was lost without `stop_session`; the model keeps its state for
+    `reconnect_grace_s` and a new offer resumes it.
+    """
+
+    CREATED = "created"
+    WAITING = "waiting"
+    STREAMING = "streaming"
+    ORPHANED = "orphaned"
+    ENDED = "ended"
+
+
+@dataclass(frozen=True)
+class ClientIdentity:
+    """Who sent a request, as far as HTTP can tell: a digest of the client's address,
+    `Origin` and `User-Agent`. It is never a credential: it only narrows which
+    session a `stop_session` that names none may mean (see `stop_unnamed`)."""
+
+    digest: str
+
+    @classmethod
+    def of(cls, address: str | None, origin: str | None, user_agent: str | None) -> ClientIdentity:
+        text = "\x1f".join(part or "" for part in (address, origin, user_agent))
+        return cls(hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32])
 
 
 @dataclass
@@ -65,46 +106,89 @@ class AnswerPending:
 @dataclass
 class SessionInfo:
     session_id: str
-    state: str  # "created" | "connecting" | "live" | "ended"
+    state: str
     created_at: float
     extra_args: dict[str, Any] = field(default_factory=dict)
+    # Set once the session has ended: the `sessionEnded` reason and message.
+    end_reason: str | None = None
+    end_message: str | None = None
+
+
+def mask_session_id(session_id: str) -> str:
+    """What operators see of an id: enough to tell sessions apart, not to use one."""
+    return session_id[:4] + "…" if len(session_id) > 4 else "…"
 
 
 class SessionBackend(Protocol):
-    """Runs sessions of one model. All methods are called on the server's event loop."""
+    """Runs the sessions of one model. All methods are called on the server's event
+    loop; any of them may raise a `BackendError`, never anything else on bad input."""
 
     @property
     def spec(self) -> ModelSpec:
         """The model's spec (tracks, commands, fps), for descriptors and schemas."""
 
-    async def create_session(self, extra_args: dict[str, Any]) -> SessionInfo:
-        """Reserve a session. Raises ModelBusy when none can be had."""
+    async def create_session(
+        self, extra_args: dict[str, Any], client: ClientIdentity
+    ) -> SessionInfo:
+        """Reserve a session in state `created`. Raises ModelBusy / ModelUnavailable."""
 
-    def get_session(self, session_id: str) -> SessionInfo:
-        """Raises UnknownSession."""
-
-    def live_sessions(self) -> list[SessionInfo]:
-        """Sessions not yet ended, oldest first."""
+    async def get_session(self, session_id: str) -> SessionInfo:
+        """The session, ended ones included for a while (with their end reason).
+        Raises UnknownSession."""
 
     async def submit_offer(
-        self, session_id: str, sdp_offer: str, track_mapping: list[dict[str, Any]]
+        self,
+        session_id: str,
+        sdp_offer: str,
+        track_mapping: list[dict[str, Any]],
+        connection_id: int | None = None,
     ) -> int:
-        """Start negotiating; returns the new connection id. A later offer for the same
-        session replaces its peer connection and keeps the model's state (reconnect).
+        """Start negotiating; returns the connection id the answer will carry.
+
+        The first offer opens the model session (waiting for a slot if need be); a
+        later one (a reconnect, or a resume within the grace window) replaces the
+        peer connection and keeps the model's state. `connection_id` is a registered
+        connection's id (`register_connection`), or None to mint one.
         Raises UnknownSession, OfferRejected."""
 
-    def poll_answer(self, session_id: str, connection_id: int | None) -> str | AnswerPending:
-        """The SDP answer of the latest (or the given) connection, or AnswerPending.
-        Raises UnknownSession, and OfferRejected if negotiation failed."""
+    async def register_connection(self, session_id: str) -> int:
+        """A connection id for newer clients' `POST .../connections`, offered on later."""
+
+    async def poll_answer(self, session_id: str, connection_id: int | None) -> str | AnswerPending:
+        """The SDP answer of the given connection (None: the latest offer), or
+        AnswerPending. Raises UnknownSession; OfferRejected / ModelBusy if that
+        negotiation failed; UnknownSession for an unregistered connection id."""
 
     async def add_ice_candidates(
-        self, session_id: str, candidates: list[Any], is_final: bool
+        self,
+        session_id: str,
+        connection_id: int | None,
+        candidates: list[Any],
+        is_final: bool,
     ) -> None:
-        """Trickled client candidates for the session's latest connection.
-        Raises UnknownSession, OfferRejected (a malformed candidate)."""
+        """Trickled client candidates for the given (None: the latest) connection,
+        kept until that connection can take them. Raises UnknownSession,
+        OfferRejected naming a malformed candidate."""
 
     async def stop_session(self, session_id: str) -> None:
-        """End the session and free its slot. Raises UnknownSession."""
+        """End the session now (`sessionEnded{reason: "client_closed"}`) and free its
+        slot. Stopping an ended session is a no-op. Raises UnknownSession."""
+
+    async def stop_unnamed(self, client: ClientIdentity) -> int:
+        """A `stop_session` that names no session (JS SDK 2.9.0 sends none).
+
+        Never ends a session on a guess. Sessions started by the same `client` that
+        lost their transport within the last few seconds end now; the others of
+        that client end if their client closes its transport within the next few
+        seconds (the JS SDK closes its peer connection right after this call)
+        instead of being kept for a reconnect. Returns how many sessions it matched.
+        """
+
+    async def describe_sessions(self) -> list[dict[str, Any]]:
+        """Live sessions for operators: masked ids, state, where they run."""
+
+    async def health(self) -> dict[str, Any]:
+        """`{"healthy": bool, "live_sessions": int, ...}`."""
 
     def ice_servers(self) -> list[dict[str, Any]]:
         """`[{"uris": [...], "credentials"?: {"username", "password"}}]` for clients."""
