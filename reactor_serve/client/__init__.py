@@ -5,13 +5,21 @@
 """
 
 from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo
-from reactor_serve.client.session import ReactorClient, SessionRefused, connect
+from reactor_serve.client.session import (
+    ClientState,
+    ReactorClient,
+    ReconnectPolicy,
+    SessionRefused,
+    connect,
+)
 
 __all__ = [
     "ClientPeer",
+    "ClientState",
     "ReactorClient",
     "ReceivedAudio",
     "ReceivedVideo",
+    "ReconnectPolicy",
     "SessionRefused",
     "connect",
 ]

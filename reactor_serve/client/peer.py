@@ -4,6 +4,12 @@ It builds the offer the way the Reactor clients do (one transceiver per capabili
 track, in order; the data channel "data" created before the offer), receives video as
 numpy frames stamped with their arrival time, receives audio, sends frames into input
 tracks, and speaks the data-channel protocol.
+
+`connect()` may be called again on the same peer: the new RTCPeerConnection replaces
+the old one (a reconnect to the same session), and what was received so far (frames,
+their indices, messages, stats) carries on across it. A peer used on its own treats a
+failed or closed connection as the end; `ReactorClient` sets `on_lost` instead and
+reconnects.
 """
 
 from __future__ import annotations
@@ -162,14 +168,44 @@ class ClientPeer:
         self._ping_task: asyncio.Task[None] | None = None
         self._closing: asyncio.Future[None] | None = None
         self.on_video: Callable[[ReceivedVideo], None] | None = None
+        # Called (with a short why) when the current connection fails or closes without
+        # `close()`: the transport is lost but the session may live on. Unset, the
+        # peer ends instead, as a one-connection client should.
+        self.on_lost: Callable[[str], None] | None = None
+        # Every connection made and not yet closed: a reconnect keeps the old one until
+        # the new one is answered, and `close()` must close both.
+        self._pcs: set[RTCPeerConnection] = set()
+        self._retiring: set[asyncio.Task[None]] = set()
+        # Per output track, the index the next received frame gets: indices keep
+        # growing across reconnects so `next_frame()` never mistakes an old frame.
+        self._next_index: dict[str, int] = {}
+        # When the current connection last received a data-channel message; -inf until
+        # its channel opens. `stats_seen`: the server sends periodic `stats`, so a
+        # silent channel means a lost transport (see ReactorClient).
+        self.last_inbound = float("-inf")
+        self.stats_seen = False
 
     @property
     def closed(self) -> bool:
+        """The peer is finished for good (not merely between connections)."""
         return self._closed.is_set()
+
+    @property
+    def pc(self) -> RTCPeerConnection | None:
+        """The current RTCPeerConnection (for diagnostics and tests)."""
+        return self._pc
+
+    @property
+    def channel_open(self) -> bool:
+        return self._channel is not None and self._channel.readyState == "open"
 
     async def connect(self, signal: Signal, timeout: float = 20.0) -> None:
         """Offer, have `signal(sdp_offer, track_mapping)` return the answer, and wait
-        until the data channel is open."""
+        until the data channel is open. Called again, it replaces the current
+        connection once the new one is answered (the old one is closed then: a server
+        may end a session whose only connection closes)."""
+        if self.closed:
+            raise ConnectionError("the peer is closed")
         pc = RTCPeerConnection(
             RTCConfiguration(
                 iceServers=[
@@ -182,7 +218,18 @@ class ClientPeer:
                 ]
             )
         )
-        self._pc = pc
+        self._pcs.add(pc)
+        try:
+            await self._negotiate(pc, signal, timeout)
+        except BaseException:
+            # A failed or cancelled attempt must not leave its connection behind.
+            self._pcs.discard(pc)
+            if self._pc is pc:
+                self._pc, self._channel = None, None
+            await asyncio.shield(pc.close())
+            raise
+
+    async def _negotiate(self, pc: RTCPeerConnection, signal: Signal, timeout: float) -> None:
         mapping: list[dict[str, Any]] = []
         receivers: list[tuple[Any, dict[str, Any]]] = []
         for track in self.tracks:
@@ -190,25 +237,39 @@ class ClientPeer:
                 transceiver = pc.addTransceiver(track["kind"], direction="recvonly")
                 receivers.append((transceiver, track))
             elif track["kind"] == "video":
-                frames = self._inputs.get(track["name"])
-                if isinstance(frames, np.ndarray):
-                    frames = [frames]
-                source = _FrameSource(frames, self._input_fps)
-                self.sources[track["name"]] = source
+                # One source per input track for the peer's life: a reconnect goes on
+                # sending what the last connection sent.
+                source = self.sources.get(track["name"])
+                if source is None:
+                    frames = self._inputs.get(track["name"])
+                    if isinstance(frames, np.ndarray):
+                        frames = [frames]
+                    source = _FrameSource(frames, self._input_fps)
+                    self.sources[track["name"]] = source
                 transceiver = pc.addTransceiver(source, direction="sendonly")
             else:
                 transceiver = pc.addTransceiver(track["kind"], direction="sendonly")
             mapping.append({"track": track, "transceiver": transceiver})
-        self._channel = pc.createDataChannel("data")
-        self._channel.on("open", self._open.set)
-        self._channel.on("message", self._on_message)
+        channel = pc.createDataChannel("data")
+        opened = asyncio.Event()
+        channel.on("open", opened.set)
+        channel.on("message", lambda raw: self._on_message(raw, channel))
 
         @pc.on("connectionstatechange")
         def on_state() -> None:
-            if pc.connectionState in ("failed", "closed"):
+            if pc.connectionState not in ("failed", "closed"):
+                return
+            # Only the current connection matters: a replaced one closing, or one
+            # being closed by `close()`, is expected.
+            if pc is not self._pc or self._closing is not None:
+                return
+            if self.on_lost is not None:
+                self.on_lost(f"peer connection {pc.connectionState}")
+            else:
                 self._closed.set()
-                self._changed.set()
+            self._changed.set()
 
+        # The mids exist only once the local description is set.
         await pc.setLocalDescription(await pc.createOffer())
         track_mapping = [
             {
@@ -221,18 +282,33 @@ class ClientPeer:
         ]
         answer = await signal(pc.localDescription.sdp, track_mapping)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        previous = self._pc
+        self._pc, self._channel = pc, channel
+        self.last_inbound = float("-inf")
         loop = asyncio.get_running_loop()
         for transceiver, track in receivers:
             if track["kind"] == "video":
                 release_frames_on_marker(transceiver.receiver)
             self._tasks.append(loop.create_task(self._receive(transceiver.receiver.track, track)))
-        await asyncio.wait_for(self._open.wait(), timeout)
-        self._ping_task = loop.create_task(self._ping())
+        self._tasks = [t for t in self._tasks if not t.done()]
+        if previous is not None:
+            # Closed in the background: the new connection must not wait for it.
+            closing = loop.create_task(self._retire(previous))
+            self._retiring.add(closing)
+            closing.add_done_callback(self._retiring.discard)
+        await asyncio.wait_for(opened.wait(), timeout)
+        self.last_inbound = time.monotonic()
+        self._open.set()
+        if self._ping_task is None:
+            self._ping_task = loop.create_task(self._ping())
+
+    async def _retire(self, pc: RTCPeerConnection) -> None:
+        await pc.close()
+        self._pcs.discard(pc)
 
     async def _receive(self, track: MediaStreamTrack, info: dict[str, Any]) -> None:
         name = info["name"]
         loop = asyncio.get_running_loop()
-        index = 0
         while True:
             try:
                 frame = await track.recv()
@@ -241,8 +317,9 @@ class ClientPeer:
             arrived = time.monotonic()
             if info["kind"] == "video":
                 image = await loop.run_in_executor(None, _to_rgb, frame)
+                index = self._next_index.get(name, 0)
+                self._next_index[name] = index + 1
                 received = ReceivedVideo(name, image, int(frame.pts or 0), arrived, index)
-                index += 1
                 self.frames_received += 1
                 self.video.setdefault(name, collections.deque(maxlen=self.keep_frames)).append(received)
                 if self.on_video is not None:
@@ -256,7 +333,9 @@ class ClientPeer:
                 )
             self._changed.set()
 
-    def _on_message(self, raw: str | bytes) -> None:
+    def _on_message(self, raw: str | bytes, channel: Any = None) -> None:
+        if channel is None or channel is self._channel:
+            self.last_inbound = time.monotonic()  # any frame, even a bad one, is liveness
         try:
             message = json.loads(raw)
         except (TypeError, ValueError):
@@ -265,6 +344,7 @@ class ClientPeer:
         data = message.get("data") or {}
         if message.get("scope") == "runtime" and data.get("type") == "stats":
             self.stats = data.get("data") or {}
+            self.stats_seen = True
         self.messages.append(message)
         self._changed.set()
 
@@ -320,8 +400,16 @@ class ClientPeer:
             self._ping_task.cancel()
         for task in self._tasks:
             task.cancel()
+        pcs = set(self._pcs)
         if self._pc is not None:
-            await self._pc.close()
+            pcs.add(self._pc)
+        self._pcs.clear()
+        for pc in pcs:
+            await pc.close()  # closing twice (one being retired) just waits for it
+        if self._retiring:
+            await asyncio.wait(set(self._retiring))
+        for source in self.sources.values():
+            source.stop()
         self._closed.set()
         self._changed.set()  # wake anyone waiting for frames or for the end
 

@@ -7,13 +7,25 @@
     async for message in client.messages():    # model and runtime messages
         ...
     await client.close()
+
+The client survives a lost transport (a network drop, a suspended laptop): when its
+peer connection fails or closes without `close()`, or the data channel goes quiet
+while the server's once-a-second `stats` are expected, it offers again on the same
+session (PUT .../sdp_params) with exponential backoff, and the model keeps its state.
+When the session is over it says why, always: the server's `sessionEnded`, or, when
+the server could not send one (a replica that died), a `sessionEnded` runtime message
+built from what the server answers about the session (or from the server being gone).
+`client.state` is connecting | streaming | reconnecting | ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import time
 import urllib.parse
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 import httpx
@@ -22,7 +34,9 @@ import numpy as np
 from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo
 from reactor_serve.webrtc.ice import is_loopback_host, use_loopback_candidates
 
-__all__ = ["ReactorClient", "SessionRefused", "connect"]
+__all__ = ["ClientState", "ReactorClient", "ReconnectPolicy", "SessionRefused", "connect"]
+
+log = logging.getLogger("reactor_serve.client")
 
 
 class SessionRefused(RuntimeError):
@@ -33,42 +47,337 @@ class SessionRefused(RuntimeError):
         self.status = status
 
 
+class ClientState:
+    """`ReactorClient.state` values, in the order a session goes through them."""
+
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    RECONNECTING = "reconnecting"  # the transport was lost; offering again
+    ENDED = "ended"
+
+
+@dataclass(frozen=True)
+class ReconnectPolicy:
+    """When the client decides its transport is lost, and how it tries again.
+
+    The server keeps a session whose transport was lost for its reconnect grace
+    (30 s by default), so `give_up_after_s` matches that.
+    """
+
+    enabled: bool = True
+    # No data-channel message for this long, while the server's `stats` (about once a
+    # second) are expected, means the transport is gone even if ICE has not noticed
+    # (it takes ~30 s to). Before the first `stats` nothing is expected.
+    silence_timeout_s: float = 2.0
+    # Backoff between attempts: first_delay_s, doubling, at most max_delay_s.
+    first_delay_s: float = 0.2
+    max_delay_s: float = 2.0
+    # Give up (and report the session ended) after trying for this long in all ...
+    give_up_after_s: float = 30.0
+    # ... or once the server has refused connections for this long: nothing listens
+    # there any more (a killed `reactor run`), and nobody will tell us why.
+    unreachable_after_s: float = 3.0
+    # How long one attempt waits for the answer to its offer.
+    attempt_timeout_s: float = 10.0
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before attempt `attempt` (1-based)."""
+        return min(self.max_delay_s, self.first_delay_s * 2 ** (attempt - 1))
+
+
+class _SessionOver(Exception):
+    """The server says the session has ended (`reason`, `message`)."""
+
+    def __init__(self, reason: str, message: str | None) -> None:
+        super().__init__(message or reason)
+        self.reason = reason
+        self.message = message
+
+
+StateCallback = Callable[[str, dict[str, Any]], None]
+
+
 class ReactorClient:
     """One session with a model. Use `connect()` to make one."""
 
-    def __init__(self, base_url: str, peer: ClientPeer, descriptor: dict[str, Any],
-                 http: httpx.AsyncClient) -> None:
+    # Without `stats` to watch, how often to ask the server whether the session lives.
+    WATCH_INTERVAL_S = 2.0
+    # How often the supervisor looks at the connection's liveness.
+    TICK_S = 0.1
+
+    def __init__(
+        self,
+        base_url: str,
+        peer: ClientPeer,
+        descriptor: dict[str, Any],
+        http: httpx.AsyncClient,
+        *,
+        reconnect: ReconnectPolicy | None = None,
+        on_state: StateCallback | None = None,
+        on_queue: Callable[[dict[str, Any]], None] | None = None,
+        answer_timeout: float = 60.0,
+    ) -> None:
         self.base_url = base_url
         self.peer = peer
         self.descriptor = descriptor
         self.session_id: str = descriptor["session_id"]
         self._http = http
         self.queue_status: dict[str, Any] | None = None
-        self._watch: asyncio.Task[None] | None = None
+        self.policy = reconnect or ReconnectPolicy()
+        self.on_state = on_state
+        self._on_queue = on_queue
+        self._answer_timeout = answer_timeout
+        self.state = ClientState.CONNECTING
+        # Successful reconnects so far (each one a new peer connection, same session).
+        self.reconnects = 0
+        # Why the session ended, once it has: the `sessionEnded` reason and message.
+        self.end_reason: str | None = None
+        self.end_message: str | None = None
+        self._lost = asyncio.Event()
+        self._lost_why = ""
+        self._supervisor: asyncio.Task[None] | None = None
+        self._closing = False
+        self._scanned = 0
+        self._server_end: dict[str, Any] | None = None
 
-    WATCH_INTERVAL_S = 2.0
+    # ---- state ------------------------------------------------------------------
 
-    def _start_watch(self) -> None:
-        self._watch = asyncio.get_running_loop().create_task(self._watch_session())
-
-    async def _watch_session(self) -> None:
-        """End our side when the server says the session is over. A server-side end
-        normally arrives as `sessionEnded`, but a replica that dies cannot send it, and
-        WebRTC alone takes half a minute to notice."""
-        url = _join(self.base_url, "session")
-        while not self.peer.closed:
-            await asyncio.sleep(self.WATCH_INTERVAL_S)
+    def _set_state(self, state: str, **detail: Any) -> None:
+        self.state = state
+        if self.on_state is not None:
             try:
-                reply = await self._http.get(url, params={"session_id": self.session_id})
-            except httpx.HTTPError:
-                continue
-            if reply.status_code == 404 or (
-                reply.status_code == 200 and reply.json().get("state") == "ended"
-            ):
-                await self.peer.close()
+                self.on_state(state, detail)
+            except Exception:
+                log.exception("on_state callback failed")
+
+    def _start_supervisor(self) -> None:
+        self.peer.on_lost = self._on_lost
+        self._set_state(ClientState.STREAMING)
+        self._supervisor = asyncio.get_running_loop().create_task(
+            self._supervise(), name=f"reactor-client-{self.session_id[:6]}"
+        )
+
+    def _on_lost(self, why: str) -> None:
+        self._lost_why = why
+        self._lost.set()
+        self.peer._changed.set()
+
+    async def _supervise(self) -> None:
+        """Watch the connection; reconnect when it is lost; end when the session is."""
+        next_watch = time.monotonic() + self.WATCH_INTERVAL_S
+        try:
+            while self.state != ClientState.ENDED:
+                try:
+                    await asyncio.wait_for(self._lost.wait(), self.TICK_S)
+                except asyncio.TimeoutError:
+                    pass
+                ended = self._server_sent_end()
+                if ended is not None:
+                    # The server said so itself: no reconnect, whatever the transport does.
+                    await self._end(ended.get("reason") or "unknown", ended.get("message"))
+                    return
+                why = None
+                if self._lost.is_set():
+                    why = self._lost_why
+                elif self.peer.stats_seen and (
+                    time.monotonic() - self.peer.last_inbound > self.policy.silence_timeout_s
+                ):
+                    why = f"no message from the server for {self.policy.silence_timeout_s:g} s"
+                elif not self.peer.stats_seen and time.monotonic() >= next_watch:
+                    # A server that sends no stats: ask it now and then instead.
+                    next_watch = time.monotonic() + self.WATCH_INTERVAL_S
+                    try:
+                        await self._check_session()
+                    except _SessionOver as over:
+                        await self._end(over.reason, over.message)
+                        return
+                    except httpx.HTTPError:
+                        pass
+                if why is not None:
+                    await self._reconnect(why)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here must not leave the client hanging
+            log.exception("session %s: the connection supervisor failed", self._masked())
+            await self._end("error", f"the client's connection supervisor failed: {exc!r}")
+
+    def _server_sent_end(self) -> dict[str, Any] | None:
+        """The server's `sessionEnded`, if it has come (scanned incrementally: this
+        runs ten times a second and the message list only grows)."""
+        messages = self.peer.messages
+        while self._server_end is None and self._scanned < len(messages):
+            envelope = messages[self._scanned]
+            self._scanned += 1
+            data = envelope.get("data") or {}
+            if envelope.get("scope") == "runtime" and data.get("type") == "sessionEnded":
+                self._server_end = data.get("data") or {}
+        return self._server_end
+
+    async def _check_session(self) -> dict[str, Any]:
+        """The session's descriptor; raises _SessionOver when the server says it ended
+        (or no longer knows it). Always names the session: the server tells nothing
+        about sessions to a request that does not."""
+        reply = await self._http.get(
+            _join(self.base_url, "session"), params={"session_id": self.session_id}
+        )
+        body = _json(reply)
+        if reply.status_code == 404:
+            raise _SessionOver("error", _detail(reply, body))
+        if reply.status_code == 200 and body.get("state") == "ended":
+            raise _SessionOver(body.get("end_reason") or "unknown", body.get("end_message"))
+        return body
+
+    async def _reconnect(self, why: str) -> None:
+        """Offer again on the same session until it works, the server says the session
+        is over, or the policy gives up. The model keeps its state on the server."""
+        log.info("session %s: transport lost (%s)", self._masked(), why)
+        if not self.policy.enabled:
+            await self._end_after_loss(why, "reconnecting is disabled")
+            return
+        started = time.monotonic()
+        refused_since: float | None = None
+        last_error = why
+        attempt = 0
+        while True:
+            attempt += 1
+            log.info("session %s: reconnecting (attempt %d)", self._masked(), attempt)
+            self._set_state(ClientState.RECONNECTING, attempt=attempt, reason=why)
+            # A short pause first, doubling per failure: the server may need a moment
+            # to notice the loss, and a dead network should not be hammered.
+            await asyncio.sleep(self.policy.delay(attempt))
+            self._lost.clear()
+            try:
+                await self._check_session()
+                remaining = self.policy.give_up_after_s - (time.monotonic() - started)
+                timeout = max(1.0, min(self.policy.attempt_timeout_s, remaining))
+                await self.peer.connect(self._signal("PUT", timeout), timeout=timeout)
+            except _SessionOver as over:
+                await self._end(over.reason, over.message)
+                return
+            except SessionRefused as exc:
+                if exc.status == 404:
+                    await self._end_after_404(str(exc))
+                    return
+                refused_since, last_error = None, str(exc)
+            except httpx.HTTPError as exc:
+                if _refused(exc):
+                    refused_since = refused_since or time.monotonic()
+                    if time.monotonic() - refused_since >= self.policy.unreachable_after_s:
+                        await self._end(
+                            "error",
+                            f"lost the connection ({why}) and the server at {self.base_url} "
+                            f"refuses connections: it is gone, and the session with it",
+                        )
+                        return
+                else:
+                    refused_since = None
+                last_error = f"{type(exc).__name__}: {exc}"
+            except (TimeoutError, asyncio.TimeoutError, ConnectionError, OSError) as exc:
+                refused_since, last_error = None, f"{type(exc).__name__}: {exc}"
+            else:
+                self.reconnects += 1
+                log.info("session %s: reconnected after %d attempt(s)", self._masked(), attempt)
+                self._set_state(ClientState.STREAMING, reconnects=self.reconnects)
+                return
+            log.info("session %s: reconnect attempt %d failed: %s",
+                     self._masked(), attempt, last_error)
+            if time.monotonic() - started >= self.policy.give_up_after_s:
+                await self._end_after_loss(
+                    why, f"could not reconnect within {self.policy.give_up_after_s:g} s "
+                    f"({last_error})")
                 return
 
+    async def _end_after_404(self, detail: str) -> None:
+        # The offer's 404 says in words that the session ended; the descriptor says why
+        # in fields, when the server still remembers it.
+        try:
+            await self._check_session()
+        except _SessionOver as over:
+            if over.reason not in ("error", "unknown") or over.message:
+                await self._end(over.reason, over.message)
+                return
+        except httpx.HTTPError:
+            pass
+        await self._end("error", detail)
+
+    async def _end_after_loss(self, why: str, what: str) -> None:
+        try:
+            await self._check_session()
+        except _SessionOver as over:
+            await self._end(over.reason, over.message)
+            return
+        except httpx.HTTPError:
+            pass
+        await self._end("timeout", f"lost the connection ({why}) and {what}")
+
+    async def _end(self, reason: str, message: str | None) -> None:
+        """The session is over: say why (as the server's own `sessionEnded` would) and
+        close our side. The server's own message, when it came, is not repeated."""
+        if self.state == ClientState.ENDED:
+            return
+        self.end_reason, self.end_message = reason, message
+        if self._server_sent_end() is None:
+            data: dict[str, Any] = {"reason": reason, "detected_by": "client"}
+            if message:
+                data["message"] = message
+            self.peer.messages.append(
+                {"scope": "runtime", "data": {"type": "sessionEnded", "data": data}}
+            )
+            self.peer._changed.set()
+        log.info("session %s ended: %s%s", self._masked(), reason,
+                 f" ({message})" if message else "")
+        self._set_state(ClientState.ENDED, reason=reason, message=message)
+        await self.peer.close()
+
+    def _masked(self) -> str:
+        return self.session_id[:4] + "…"
+
+    # ---- signalling ---------------------------------------------------------------
+
+    def _signal(self, method: str, timeout: float) -> Callable[[str, list[dict[str, Any]]], Any]:
+        """Deliver an offer with `method` (POST: the first, PUT: a reconnect) and poll
+        for its answer for up to `timeout` seconds."""
+        transport = _join(self.base_url, f"sessions/{self.session_id}/transport/webrtc")
+        http = self._http
+
+        async def signal(sdp_offer: str, track_mapping: list[dict[str, Any]]) -> str:
+            reply = _checked(
+                await http.request(
+                    method,
+                    f"{transport}/sdp_params",
+                    json={"sdp_offer": sdp_offer, "client_info": {"sdk": "reactor-serve-python"},
+                          "track_mapping": track_mapping},
+                ),
+                202,
+            )
+            connection_id = reply.get("connection_id")
+            deadline = time.monotonic() + timeout
+            delay = 0.05
+            while time.monotonic() < deadline:
+                poll = await http.get(f"{transport}/sdp_params")
+                if poll.status_code == 200:
+                    answer = poll.json()
+                    if connection_id is None or answer.get("connection_id") == connection_id:
+                        return answer["sdp_answer"]
+                elif poll.status_code == 202:
+                    status = poll.json() if poll.content else {}
+                    self.queue_status = status
+                    if self._on_queue is not None and status:
+                        self._on_queue(status)
+                else:
+                    _checked(poll, 200)
+                await asyncio.sleep(delay)
+                delay = min(delay * 1.5, 1.0)
+            raise SessionRefused(f"no SDP answer within {timeout:g} s")
+
+        return signal
+
     # ---- receiving --------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """The session is over for this client (ended, or closed)."""
+        return self.peer.closed
 
     @property
     def output_tracks(self) -> list[str]:
@@ -92,7 +401,7 @@ class ReactorClient:
         )
 
     def frames(self, track: str | None = None) -> AsyncIterator[ReceivedVideo]:
-        """Every video frame received on `track` from now on."""
+        """Every video frame received on `track` from now on (across reconnects)."""
         return self.peer.iter_video(track or self._default_video())
 
     def audio(self, track: str) -> list[ReceivedAudio]:
@@ -124,12 +433,15 @@ class ReactorClient:
         return await self.peer.wait_for(find, timeout, f"message {type or '(any)'}")
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
-        """Every message envelope received from now on, as it arrives."""
+        """Every message envelope received from now on, as it arrives, up to and
+        including the `sessionEnded` that ends the session."""
         index = len(self.peer.messages)
-        while not self.peer.closed:
+        while True:
             while index < len(self.peer.messages):
                 yield self.peer.messages[index]
                 index += 1
+            if self.peer.closed:
+                return
             await self.peer.wait_for(
                 lambda: len(self.peer.messages) > index or self.peer.closed, 3600, "message"
             )
@@ -137,7 +449,8 @@ class ReactorClient:
     # ---- sending ----------------------------------------------------------------
 
     def send_command(self, name: str, data: dict[str, Any] | None = None) -> None:
-        """Send a model command (`set_<field>` or an `@event` name)."""
+        """Send a model command (`set_<field>` or an `@event` name). Raises
+        ConnectionError while there is no open connection (reconnecting, ended)."""
         self.peer.send_command(name, data)
 
     def send_frame(self, track: str, image: np.ndarray) -> None:
@@ -159,24 +472,41 @@ class ReactorClient:
         )
         return reply["data"]
 
-    async def wait_closed(self, timeout: float = 30.0) -> None:
+    async def wait_state(self, state: str, timeout: float = 30.0) -> None:
+        """Wait until `client.state` is `state`."""
+        await self.peer.wait_for(lambda: self.state == state, timeout, f"state {state!r}")
+
+    async def wait_closed(self, timeout: float = 30.0) -> str | None:
+        """Wait for the end of the session; returns why it ended (`end_reason`)."""
         await self.peer.wait_for(lambda: self.peer.closed, timeout, "end of the session")
+        return self.end_reason
 
     async def close(self) -> None:
-        """Stop the session and close the connection (again: nothing happens)."""
-        if self._http.is_closed:
+        """Stop the session (naming it) and close the connection; never reconnects.
+        Calling it again does nothing."""
+        if self._closing:
             return
-        if self._watch is not None:
-            self._watch.cancel()
+        self._closing = True
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None and not supervisor.done():
+            supervisor.cancel()
+            try:
+                await supervisor
+            except asyncio.CancelledError:
+                pass
         try:
-            await self._http.post(
-                _join(self.base_url, "stop_session"), json={"session_id": self.session_id}
-            )
+            if self.state != ClientState.ENDED:
+                await self._http.post(
+                    _join(self.base_url, "stop_session"), json={"session_id": self.session_id}
+                )
         except httpx.HTTPError:
             pass  # the server may already be gone; closing the peer still ends it
         finally:
             await self.peer.close()
             await self._http.aclose()
+            if self.state != ClientState.ENDED:
+                self.end_reason = "client_closed"
+                self._set_state(ClientState.ENDED, reason="client_closed", message=None)
 
 
 async def connect(
@@ -189,6 +519,8 @@ async def connect(
     loopback_only: bool | None = None,
     timeout: float = 60.0,
     on_queue: Callable[[dict[str, Any]], None] | None = None,
+    on_state: StateCallback | None = None,
+    reconnect: ReconnectPolicy | bool = True,
 ) -> ReactorClient:
     """Start a session with the model served at `base_url` and connect to it.
 
@@ -196,11 +528,22 @@ async def connect(
     frames, sent at `input_fps`; any input track can also be fed later with
     `send_frame`. `loopback_only` (default: whether `base_url` is on this machine)
     keeps WebRTC on 127.0.0.1. Raises SessionRefused with the server's reason.
+
+    `on_state(state, detail)` is called on each change of `client.state`:
+    connecting, streaming, reconnecting (`{"attempt", "reason"}`), streaming again
+    (`{"reconnects"}`), ended (`{"reason", "message"}`). `reconnect`: a
+    ReconnectPolicy, True for the default one, False to end on the first loss.
     """
     if loopback_only is None:
         loopback_only = _is_loopback(base_url)
     if loopback_only:
         use_loopback_candidates(True)
+    if isinstance(reconnect, bool):
+        policy = ReconnectPolicy(enabled=reconnect)
+    else:
+        policy = reconnect
+    if on_state is not None:
+        on_state(ClientState.CONNECTING, {})
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30.0))
     try:
@@ -211,39 +554,10 @@ async def connect(
         ice = _checked(await http.get(f"{transport}/ice_servers"), 200).get("ice_servers", [])
         peer = ClientPeer(descriptor["capabilities"], ice_servers=ice, inputs=inputs,
                           input_fps=input_fps)
-        client = ReactorClient(base_url, peer, descriptor, http)
-
-        async def signal(sdp_offer: str, track_mapping: list[dict[str, Any]]) -> str:
-            reply = _checked(
-                await http.post(
-                    f"{transport}/sdp_params",
-                    json={"sdp_offer": sdp_offer, "client_info": {"sdk": "reactor-serve-python"},
-                          "track_mapping": track_mapping},
-                ),
-                202,
-            )
-            connection_id = reply.get("connection_id")
-            deadline = time.monotonic() + timeout
-            delay = 0.05
-            while time.monotonic() < deadline:
-                poll = await http.get(f"{transport}/sdp_params")
-                if poll.status_code == 200:
-                    answer = poll.json()
-                    if connection_id is None or answer.get("connection_id") == connection_id:
-                        return answer["sdp_answer"]
-                elif poll.status_code == 202:
-                    status = poll.json() if poll.content else {}
-                    client.queue_status = status
-                    if on_queue is not None and status:
-                        on_queue(status)
-                else:
-                    _checked(poll, 200)
-                await asyncio.sleep(delay)
-                delay = min(delay * 1.5, 1.0)
-            raise SessionRefused(f"no SDP answer within {timeout} s")
-
-        await peer.connect(signal, timeout=timeout)
-        client._start_watch()
+        client = ReactorClient(base_url, peer, descriptor, http, reconnect=policy,
+                               on_state=on_state, on_queue=on_queue, answer_timeout=timeout)
+        await peer.connect(client._signal("POST", timeout), timeout=timeout)
+        client._start_supervisor()
         return client
     except BaseException:
         await http.aclose()
@@ -262,6 +576,34 @@ def _checked(response: httpx.Response, expected: int) -> dict[str, Any]:
             response.status_code,
         )
     return response.json() if response.content else {}
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _detail(response: httpx.Response, body: dict[str, Any]) -> str:
+    detail = body.get("detail")
+    return detail if isinstance(detail, str) else f"{response.status_code} {response.text}"
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a connection attempt was refused: nothing listens there any more. httpx
+    keeps the OSError deep in the exception chain."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError) or (
+            isinstance(current, OSError) and current.errno == errno.ECONNREFUSED
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _join(base_url: str, path: str) -> str:
