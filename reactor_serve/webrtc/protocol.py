@@ -4,17 +4,44 @@
 "data"}}`; `"control"` (newer clients) carries requests, responses and notifications.
 Decoding is strict and total: anything a client can send either decodes or raises
 `ProtocolError` with a reason fit for a log line, so the transport can count a bad
-frame as liveness, warn, and carry on (PROTOCOL.md: never crash on a frame).
+frame as liveness, warn, and carry on (PROTOCOL.md: never crash on a frame). No other
+exception escapes `decode` or `decode_control`, whatever the bytes.
+
+A decoded frame is plain JSON data that can be sent back: a JSON object at the top,
+nested at most MAX_DEPTH deep below the envelope, numbers finite and integers within
+64 bits, strings valid Unicode. NaN, Infinity, numbers that overflow (`1e309`), huge
+integers and lone surrogates (`"\\ud800"`) are parsed into `Unrepresentable`
+placeholders rather than raising mid-parse, so that when they sit in the arguments of
+an otherwise readable command, `decode` raises `BadCommand` naming the command, the
+field and the rule, with the value described, and the client gets a `commandError`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from reactor_serve.runtime.field_errors import (
+    LONE_SURROGATE,
+    MAX_DEPTH,
+    MAX_INT,
+    RULE_FINITE,
+    RULE_OUT_OF_RANGE,
+    RULE_UNICODE,
+    Unrepresentable,
+    describe_value,
+    has_lone_surrogate,
+)
+
 __all__ = [
+    "MAX_DEPTH",
     "MAX_MESSAGE_BYTES",
+    "MAX_PARSE_DEPTH",
+    "BadCommand",
     "Inbound",
     "ProtocolError",
     "Scope",
@@ -27,6 +54,19 @@ __all__ = [
 ]
 
 MAX_MESSAGE_BYTES = 64 * 1024
+# Frames nested deeper than this are refused before parsing: the json module recurses
+# once per level (64 KiB of "[" would hit RecursionError), and past it there is nothing
+# useful to describe. Well under the interpreter's recursion limit of 1000, even when
+# the frame arrives deep in aiortc's call stack. Between MAX_DEPTH and this, a frame is
+# parsed so that a too-deep command argument can be named in a commandError.
+MAX_PARSE_DEPTH = 256
+# The envelope, its "data" and the arguments object sit above an argument's own value.
+_ENVELOPE_LEVELS = 3
+# A control message and its "data" sit above a value.
+_CONTROL_LEVELS = 2
+# Digits of MAX_INT: a longer integer literal is out of range without converting it
+# (converting a 60000-digit literal is quadratic, and past 4300 digits raises).
+_MAX_INT_DIGITS = len(str(MAX_INT))
 
 Scope = Literal["application", "runtime"]
 _SCOPES: frozenset[str] = frozenset(get_args(Scope))
@@ -35,6 +75,17 @@ _CONTROL_TYPES = ("request", "notification")
 
 class ProtocolError(ValueError):
     """A frame that does not follow PROTOCOL.md; the message says why."""
+
+
+class BadCommand(ProtocolError):
+    """An application envelope naming command `command` whose arguments cannot be
+    accepted as sent; `errors` are `commandError` entries `{"field", "rule", "value"}`
+    with every value already safe to send as strict JSON."""
+
+    def __init__(self, command: str, message: str, errors: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.command = command
+        self.errors = errors
 
 
 @dataclass(frozen=True)
@@ -68,7 +119,16 @@ def decode(raw: str | bytes) -> Inbound:
         raise ProtocolError(f'message "type" must be a string, got {_json_type(type_)}')
     if not type_:
         raise ProtocolError('message "type" is empty')
-    return Inbound(scope=scope, type=type_, data=_payload(inner, f"{scope} {type_!r}"))
+    if has_lone_surrogate(type_):
+        raise ProtocolError('message "type" is not valid Unicode (it holds a lone surrogate)')
+    where = f"{scope} {_short(type_)}"
+    if scope == "application":
+        _check_command(envelope, inner, type_, where)
+    else:
+        problem = _first_problem(envelope, MAX_DEPTH + _ENVELOPE_LEVELS)
+        if problem is not None:
+            raise ProtocolError(f"{where}: {problem[1]} breaks {problem[0]}")
+    return Inbound(scope=scope, type=type_, data=_payload(inner, where))
 
 
 def encode(scope: Scope, type_: str, data: Any) -> str:
@@ -107,6 +167,10 @@ def decode_control(raw: str | bytes) -> dict[str, Any]:
     notifications need a string `event`. Raises ProtocolError otherwise.
     """
     message = _load_object(raw, "control message")
+    problem = _first_problem(message, MAX_DEPTH + _CONTROL_LEVELS)
+    if problem is not None:
+        # Nothing on "control" is a command: such a message is dropped, not answered.
+        raise ProtocolError(f"control message: {problem[1]} breaks {problem[0]}")
     kind = message.get("type")
     if kind not in _CONTROL_TYPES:
         raise ProtocolError(
@@ -162,32 +226,141 @@ def _load_object(raw: Any, what: str) -> dict[str, Any]:
         raise ProtocolError(f"binary frame ({len(raw)} bytes); only JSON text frames are spoken")
     if not isinstance(raw, str):
         raise ProtocolError(f"expected a text frame, got {type(raw).__name__}")
-    # A str has at most 4 UTF-8 bytes per character: skip the encode when it cannot
-    # matter, and reject by character count before encoding a huge frame.
+    # A str has at least one UTF-8 byte per character: reject by character count
+    # before encoding a huge frame.
     if len(raw) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"frame of {len(raw)}+ bytes exceeds {MAX_MESSAGE_BYTES} bytes")
-    if len(raw) * 4 > MAX_MESSAGE_BYTES:
-        size = len(raw.encode("utf-8", errors="surrogatepass"))
+    if not raw.isascii():
+        try:
+            size = len(raw.encode("utf-8"))
+        except UnicodeEncodeError:
+            # Lone surrogates in the frame itself: bytes that were not UTF-8 (see the
+            # transport guard in data_channel.py), not a JSON "\ud800" escape.
+            raise ProtocolError("frame is not valid UTF-8 text") from None
         if size > MAX_MESSAGE_BYTES:
             raise ProtocolError(f"frame of {size} bytes exceeds {MAX_MESSAGE_BYTES} bytes")
+    depth = _bracket_depth(raw)
+    if depth > MAX_PARSE_DEPTH:
+        raise ProtocolError(f"invalid JSON: nested {depth} deep, more than {MAX_PARSE_DEPTH}")
     try:
-        value = json.loads(raw, parse_constant=_reject_constant)
-    except ProtocolError:
-        raise
+        value = json.loads(
+            raw,
+            parse_constant=_constant,
+            parse_float=_float,
+            parse_int=_int,
+        )
     except json.JSONDecodeError as exc:
         raise ProtocolError(f"invalid JSON: {exc}") from None
-    except RecursionError:
-        # 64 KiB of "[" nests deeper than the json module's recursion can follow.
-        raise ProtocolError("invalid JSON: nested too deeply") from None
+    except (RecursionError, ValueError) as exc:
+        # Not expected past _bracket_depth and the number hooks, but the contract is
+        # "ProtocolError and nothing else", whatever the interpreter's limits are.
+        raise ProtocolError(f"invalid JSON: {type(exc).__name__}") from None
     if not isinstance(value, dict):
         raise ProtocolError(f"{what} must be a JSON object, got {_json_type(value)}")
     return value
 
 
-def _reject_constant(name: str) -> Any:
+# Strings (with their escapes) and everything but brackets, removed before counting
+# depth: a "[" inside a string does not nest. The string pattern is the unrolled
+# loop, linear on any input.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _bracket_depth(raw: str) -> int:
+    """The deepest bracket nesting of `raw` outside strings, without recursion; for
+    valid JSON, its nesting depth. A cheap count skips the scan for ordinary frames."""
+    if raw.count("[") + raw.count("{") <= MAX_PARSE_DEPTH:
+        return 0  # cannot nest deeper than it has brackets; the tree check does the rest
+    skeleton = _NOT_BRACKET.sub("", _STRING.sub("", raw))
+    return max(itertools.accumulate(map(_STEP.__getitem__, skeleton)), default=0)
+
+
+# The json module's hooks turn what strict JSON cannot carry into placeholders, so that
+# parsing never raises on a number and the value can be named and described later.
+
+def _constant(name: str) -> Unrepresentable:
     # Python's json takes NaN/Infinity; a browser never sends them, and letting them
     # through would put non-finite numbers past the range checks.
-    raise ProtocolError(f"invalid JSON: {name} is not a JSON value")
+    return Unrepresentable(f"<{name}>", RULE_FINITE)
+
+
+def _float(text: str) -> float | Unrepresentable:
+    value = float(text)  # never raises for a JSON number literal; no digit limit
+    if math.isinf(value):
+        shown = text if len(text) <= 24 else f"{text[:12]}...({len(text)} characters)"
+        return Unrepresentable(f"<number too large: {shown}>", RULE_OUT_OF_RANGE)
+    return value
+
+
+def _int(text: str) -> int | Unrepresentable:
+    digits = len(text) - text.startswith("-")  # JSON forbids leading zeros and "+"
+    if digits <= _MAX_INT_DIGITS:
+        value = int(text)
+        if -MAX_INT <= value <= MAX_INT:
+            return value
+    return Unrepresentable(f"<integer of {digits} digits>", RULE_OUT_OF_RANGE)
+
+
+def _first_problem(value: Any, max_depth: int) -> tuple[str, str] | None:
+    """(rule, description) of the first part of `value` that is not plain JSON data
+    (a placeholder, a string or key with a lone surrogate) or that nests deeper than
+    `max_depth`; None if all is well. Iterative: `value` may nest MAX_PARSE_DEPTH deep."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Unrepresentable):
+            return item.rule, item.description
+        if isinstance(item, str):
+            if has_lone_surrogate(item):
+                return RULE_UNICODE, LONE_SURROGATE
+            continue
+        if isinstance(item, dict):
+            children: Any = item.values()
+            for key in item:
+                if has_lone_surrogate(key):
+                    return RULE_UNICODE, f"a key {LONE_SURROGATE}"
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth + 1 > max_depth:
+            return f"max_depth={MAX_DEPTH}", f"a value nested more than {MAX_DEPTH} deep"
+        stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+def _check_command(envelope: dict[str, Any], inner: dict[str, Any], name: str, where: str) -> None:
+    """Raise BadCommand if command `name`'s arguments (or the rest of its envelope) hold
+    anything a decoded frame may not: so its sender hears which field broke which rule."""
+    errors: list[dict[str, Any]] = []
+    # The envelope around the arguments: extra keys are ignored, but not if hostile.
+    rest = {**envelope, "data": {k: v for k, v in inner.items() if k != "data"}}
+    problem = _first_problem(rest, _ENVELOPE_LEVELS)
+    if problem is not None:
+        errors.append({"field": None, "rule": problem[0], "value": problem[1]})
+    args = inner.get("data")
+    if args is not None and not isinstance(args, dict):
+        errors.append({"field": None, "rule": "type=object", "value": describe_value(args),
+                       "text": f'"data" must be an object, got {_json_type(args)}'})
+    else:
+        for key, value in (args or {}).items():
+            if has_lone_surrogate(key):
+                rule: str | None = RULE_UNICODE
+            else:
+                found = _first_problem(value, MAX_DEPTH)
+                rule = found[0] if found is not None else None
+            if rule is not None:
+                errors.append({"field": describe_value(key), "rule": rule,
+                               "value": describe_value(value)})
+    if errors:
+        text = "; ".join(
+            e.pop("text", None)
+            or f"{e['field']}={json.dumps(e['value'], ensure_ascii=True)[:60]} breaks {e['rule']}"
+            for e in errors
+        )
+        raise BadCommand(name, f"{where}: {text}", errors)
 
 
 def _payload(container: dict[str, Any], where: str) -> dict[str, Any]:
@@ -203,12 +376,19 @@ def _payload(container: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _dumps(value: Any) -> str:
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"message is not JSON-encodable: {exc}") from None
+    if has_lone_surrogate(text):
+        # The data channel sends UTF-8, which cannot hold a lone surrogate (aiortc's
+        # send would raise): escape it as JSON "\udXXX", which every parser reads.
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return text
 
 
 def _json_type(value: Any) -> str:
+    if isinstance(value, Unrepresentable):
+        return value.description
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -225,5 +405,12 @@ def _json_type(value: Any) -> str:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=repr) if value is not None else "nothing"
+    # For log lines and error text: ASCII, so that a lone surrogate cannot break a log
+    # handler; placeholders show their description.
+    if value is None:
+        return "nothing"
+    if isinstance(value, (str, int, float, bool)):
+        text = json.dumps(value, ensure_ascii=True)
+    else:
+        text = json.dumps(describe_value(value), ensure_ascii=True)
     return text if len(text) <= 40 else text[:37] + "..."
