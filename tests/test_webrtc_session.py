@@ -32,7 +32,11 @@ async def serve(host_of):
 
     async def open_session(model, settings=None, *, inputs=None, ping=True):
         host = model if isinstance(model, ModelHost) else host_of(model)
-        peer = PeerSession(host, settings or WebRTCSettings(loopback_candidates=True))
+        # Grace 0: these tests end a session by closing the client's connection, as
+        # before orphaned sessions existed (tests/test_session_lifecycle.py has those).
+        peer = PeerSession(
+            host, settings or WebRTCSettings(loopback_candidates=True, reconnect_grace_s=0)
+        )
         client = ClientPeer(schema.capabilities(host.spec), inputs=inputs)
         if not ping:
             client._ping = _no_ping.__get__(client)  # a client that has gone silent
@@ -145,7 +149,7 @@ async def test_schema_and_capabilities_match_the_model(serve, gradient_dir):
 
 
 async def test_stats_arrive_periodically(serve, gradient_dir):
-    settings = WebRTCSettings(loopback_candidates=True, stats_interval_s=0.2)
+    settings = WebRTCSettings(loopback_candidates=True, stats_interval_s=0.2, reconnect_grace_s=0)
     host, peer, client = await serve(gradient_dir, settings)
     await client.wait_for(lambda: client.stats.get("presented", 0) > 0, 10, "stats")
     assert client.stats["fps"] == pytest.approx(30, rel=0.2)
@@ -176,7 +180,7 @@ async def test_webcam_frames_come_back_transformed_and_buffers_reset(serve, host
 
 async def test_silent_client_is_ended_by_the_watchdog_and_next_client_works(serve, gradient_dir, host_of):
     host = host_of(gradient_dir)
-    settings = WebRTCSettings(loopback_candidates=True, idle_timeout_s=1.0)
+    settings = WebRTCSettings(loopback_candidates=True, idle_timeout_s=1.0, reconnect_grace_s=0)
     _, peer, client = await serve(host, settings, ping=False)
     await frames_after(client, 2)
     await asyncio.wait_for(peer.ended.wait(), 10)

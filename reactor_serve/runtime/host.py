@@ -59,6 +59,10 @@ class ModelHost:
     IDLE_POLL_S = 0.01
     # How long disconnect waits for an older-API session thread to notice should_stop().
     SESSION_THREAD_JOIN_S = 10.0
+    # Commands delivered but not yet applied, at most. A client flooding the data
+    # channel gets `commandError` (rule `queue_full`) for the excess instead of
+    # growing the model loop's queue without bound; the session goes on.
+    MAX_QUEUED_COMMANDS = 64
 
     def __init__(
         self,
@@ -87,6 +91,11 @@ class ModelHost:
         self._wakeup: asyncio.Event | None = None
         self._shutting_down = False
         self.model_errors = 0
+        self._queued_commands = 0
+        self._command_lock = threading.Lock()
+        # Tasks the host starts on the model loop, referenced until done (the loop
+        # keeps only weak references to tasks).
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- construction -----------------------------------------------------------
 
@@ -188,12 +197,13 @@ class ModelHost:
                 raise SessionBusy(f"model {self.spec.name!r} is busy with another session")
             self.output_buffer.restart()
             self.splitter.reset()
-            self._pending.clear()
+            self._drop_pending()
             if self.spec.state_cls is not None:
                 self.model.state = self.spec.state_cls()
-            if self.spec.kind == "pipeline":
-                for buffer in self.input_buffers.values():
-                    buffer.reset()
+            # Every model kind starts with empty, open input buffers that take this
+            # session's frames only, whether or not the model resets them itself.
+            for buffer in self.input_buffers.values():
+                buffer.attach(session)
             self._session = session
             register_live(session.context)
             self.model.connected.set()
@@ -204,9 +214,7 @@ class ModelHost:
             await self._fail(session, f"@connected {hook}()", exc)
             return
         if self.spec.kind == "pipeline":
-            self._pipeline_task = asyncio.get_running_loop().create_task(
-                self._drive_pipeline(session)
-            )
+            self._pipeline_task = self._spawn(self._drive_pipeline(session))
         elif self.spec.kind == "legacy":
             self._session_thread = threading.Thread(
                 target=self._legacy_session,
@@ -236,6 +244,10 @@ class ModelHost:
             if self.spec.kind == "pipeline":
                 for buffer in self.input_buffers.values():
                     buffer.close()
+            # Leftover frames, and any still in flight from this session, never
+            # reach the next one (the model's own close() may not have run).
+            for buffer in self.input_buffers.values():
+                buffer.detach()
             thread = self._session_thread
             if thread is not None and thread is not threading.current_thread():
                 await asyncio.get_running_loop().run_in_executor(
@@ -248,7 +260,7 @@ class ModelHost:
                         self.SESSION_THREAD_JOIN_S,
                     )
             self._session_thread = None
-            self._pending.clear()
+            self._drop_pending()
             self.output_buffer.flush()
             data: dict[str, Any] = {"reason": reason}
             if detail:
@@ -278,7 +290,14 @@ class ModelHost:
     def _schedule_fail(self, session: Session, where: str, exc: BaseException) -> None:
         # From inside a task that _disconnect would cancel: end the session from a task
         # of its own so the failing task can finish first.
-        asyncio.get_running_loop().create_task(self._fail(session, where, exc))
+        self._spawn(self._fail(session, where, exc))
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """A task on the model loop, kept referenced until it is done."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     # ---- ReactorModel: run() for the model's lifetime ----------------------------
 
@@ -370,16 +389,48 @@ class ModelHost:
         # Commands queued while the generator ran take effect here, between yields.
         while self._pending:
             command, args = self._pending.popleft()
-            await self._apply(command, args)
+            try:
+                await self._apply(command, args)
+            finally:
+                self._command_done()
 
     # ---- commands ---------------------------------------------------------------
 
     def _submit_command(self, session: Session, name: str, data: Any) -> None:
-        if self._thread.alive:
+        if not self._thread.alive or session.stopping:
+            return
+        with self._command_lock:
+            full = self._queued_commands >= self.MAX_QUEUED_COMMANDS
+            if not full:
+                self._queued_commands += 1
+        if full:
+            session.commands_rejected += 1
+            session.send_runtime(
+                "commandError",
+                {
+                    "command": name,
+                    "message": f"too many commands waiting (at most "
+                    f"{self.MAX_QUEUED_COMMANDS}): {name!r} was dropped",
+                    "errors": [{"field": None, "rule": "queue_full", "value": name}],
+                },
+            )
+            return
+        try:
             self._thread.call_soon(self._on_command, session, name, data)
+        except RuntimeError:  # the model loop closed in between
+            self._command_done()
+
+    def _command_done(self, count: int = 1) -> None:
+        with self._command_lock:
+            self._queued_commands = max(0, self._queued_commands - count)
+
+    def _drop_pending(self) -> None:
+        self._command_done(len(self._pending))
+        self._pending.clear()
 
     def _on_command(self, session: Session, name: str, data: Any) -> None:
         if session is not self._session or session.stopping:
+            self._command_done()
             return
         command = self.spec.commands.get(name)
         try:
@@ -391,6 +442,7 @@ class ModelHost:
                 )
             args = command.validate(data)
         except InputRejected as exc:
+            self._command_done()
             session.commands_rejected += 1
             session.send_runtime(
                 "commandError", {"command": name, "message": exc.message, "errors": exc.errors}
@@ -402,7 +454,7 @@ class ModelHost:
             self._wakeup.set()
         else:
             # Handlers interleave with run() at its awaits, as the reference describes.
-            asyncio.get_running_loop().create_task(self._run_handler(session, command, args))
+            self._spawn(self._run_handler(session, command, args))
 
     async def _run_handler(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
         try:
@@ -410,6 +462,8 @@ class ModelHost:
         except Exception as exc:
             if session is self._session and not session.stopping:
                 await self._fail(session, f"{command.target}()", exc)
+        finally:
+            self._command_done()
 
     async def _apply(self, command: CommandSpec, args: dict[str, Any]) -> None:
         if command.kind == "setter":

@@ -20,6 +20,9 @@ from reactor_serve.runtime.frames import audio_chunk, video_batch
 
 __all__ = ["InputBuffer"]
 
+# The owner of a detached buffer: no session's frames match it.
+_NOBODY = object()
+
 
 class InputBuffer:
     """One input track's frames. Open when created; `close()` ends reads, `reset()` reopens."""
@@ -35,6 +38,8 @@ class InputBuffer:
         self._waiters = LoopWaiters()
         self._wanted = 1
         self._closed = False
+        # The session whose frames are accepted (see `attach`); None: anyone's.
+        self._owner: object | None = None
         self.received = 0
         self.discarded = 0
 
@@ -42,8 +47,10 @@ class InputBuffer:
     def closed(self) -> bool:
         return self._closed
 
-    def push(self, frame: Any) -> None:
-        """Add a frame from the client (any thread). Dropped while the buffer is closed."""
+    def push(self, frame: Any, owner: object | None = None) -> None:
+        """Add a frame from the client (any thread). Dropped while the buffer is closed,
+        and when `owner` (the pushing session) is not the session attached now: a frame
+        still in flight from an ended session must never reach the next one."""
         if self.kind == "video":
             array = video_batch(frame, self.name)
             if array.shape[0] != 1:
@@ -52,7 +59,7 @@ class InputBuffer:
         else:
             array = audio_chunk(frame, self.name)
         with self._lock:
-            if self._closed:
+            if self._closed or (owner is not None and owner is not self._owner):
                 self.discarded += 1
                 return
             if len(self._frames) == self._frames.maxlen:
@@ -101,6 +108,23 @@ class InputBuffer:
         """Reopen for a new client, with no leftover frames."""
         with self._lock:
             self._closed = False
+            self._frames.clear()
+
+    def attach(self, owner: object) -> None:
+        """The runtime's side of a new session, for every model kind: reopen with no
+        leftover frames and accept frames from `owner` only. The model's own
+        `reset()` / `close()` (the reference's buffer cleanup) keep working as before."""
+        with self._lock:
+            self._owner = owner
+            self._closed = False
+            self._frames.clear()
+
+    def detach(self) -> None:
+        """The session ended: drop its frames and any it still pushes. The buffer's
+        open/closed state is the model's (the reference closes it in @disconnected)."""
+        with self._lock:
+            self._owner = _NOBODY
+            self.discarded += len(self._frames)
             self._frames.clear()
 
     def __len__(self) -> int:

@@ -66,6 +66,9 @@ class OutputBuffer:
         self._async_waiters = LoopWaiters()
         self._seq = 0
         self._flushes = 0
+        # Counts discards (`discard_backlog`): like a flush for waiting producers, but
+        # the clock keeps showing the last frame.
+        self._discards = 0
         self._underruns_since_put = 0
         self._margin: float | None = None
         self._margin_at: float | None = None
@@ -93,6 +96,22 @@ class OutputBuffer:
             self._spread = 0.0
             self._cond.notify_all()
             self._async_waiters.wake_all()
+
+    def discard_backlog(self) -> None:
+        """Drop every queued frame, and the rest of any emit waiting for space, without
+        the black frame of `flush()`: the client keeps seeing the last frame until a
+        fresh one comes. Used when a paused session resumes (the queue then holds
+        frames made while nobody watched) and the production rate starts over."""
+        with self._cond:
+            self.dropped += len(self._items)
+            self._items.clear()
+            self._discards += 1
+            self._underruns_since_put = 0
+            self._margin = None
+            self._spread = 0.0
+            self._cond.notify_all()
+            self._async_waiters.wake_all()
+        self.rate.restart()
 
     # ---- state the clock reads --------------------------------------------------
 
@@ -142,7 +161,7 @@ class OutputBuffer:
         """Queue `items` from an event loop: wait for space, or with `drop` discard
         what does not fit."""
         pending = items
-        flushes = self._flushes
+        flushes = self._flushes, self._discards
         while True:
             with self._cond:
                 pending = self._place_locked(pending, drop, flushes)
@@ -166,7 +185,7 @@ class OutputBuffer:
         while waiting (the rest are discarded)."""
         pending = items
         stopped = False
-        flushes = self._flushes
+        flushes = self._flushes, self._discards
         with self._cond:
             while pending := self._place_locked(pending, drop, flushes):
                 if should_stop():
@@ -178,13 +197,13 @@ class OutputBuffer:
         return not stopped
 
     def _place_locked(
-        self, pending: list[FrameItem], drop: bool, flushes: int
+        self, pending: list[FrameItem], drop: bool, flushes: tuple[int, int]
     ) -> list[FrameItem]:
         """Queue what fits; returns what is still waiting for space (none with `drop`).
 
         A flush while the emit waited discards the rest of it: the client was meant to
         see black, not the tail of a block from before the flush."""
-        if flushes != self._flushes:
+        if flushes != (self._flushes, self._discards):
             return []
         placed = self._put_locked(pending)
         rest = pending[placed:]

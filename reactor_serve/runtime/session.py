@@ -72,8 +72,10 @@ class Session:
         if buffer is None:
             known = ", ".join(self.host.input_buffers) or "none"
             raise KeyError(f"model has no input track {track!r} (input tracks: {known})")
-        if not self.stopping:
-            buffer.push(frame)
+        # Frames from a session that is ending, or has ended, are dropped: the buffer
+        # accepts only the session attached to it now (see InputBuffer.attach).
+        if not self.stopping and not self.ended.is_set():
+            buffer.push(frame, owner=self)
             self.host._input_arrived()
 
     def command(self, name: str, data: Any = None) -> None:
@@ -90,9 +92,10 @@ class Session:
     def send_application(self, message: ModelMessage | dict[str, Any]) -> None:
         self.deliver({"scope": "application", "data": message_payload(message)})
 
-    async def close(self, reason: str = EndReason.CLIENT_CLOSED) -> None:
-        """End the session from the transport's side and wait until it is cleaned up."""
-        await self.host.end_session(self, reason)
+    async def close(self, reason: str = EndReason.CLIENT_CLOSED, detail: str | None = None) -> None:
+        """End the session from the transport's side and wait until it is cleaned up.
+        `detail` is the `message` of `sessionEnded`."""
+        await self.host.end_session(self, reason, detail)
 
     def stats(self) -> dict[str, Any]:
         """Numbers for the client's overlay and for metrics."""

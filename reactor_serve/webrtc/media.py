@@ -5,6 +5,9 @@ presented slot to the output tracks: every video track sends the slot's frame wi
 the slot's pts (90 kHz), every audio track queues the slot's samples and sends 20 ms
 Opus frames on the same clock. Tracks belong to one peer connection; a reconnect
 makes new ones on the same fanout, so the model's output is never interrupted.
+While a session is orphaned the fanout is paused: nothing is presented, so the
+bounded output buffer fills and the model's `emit` waits (backpressure); `resume`
+drops what queued up meanwhile and presents fresh frames.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import collections
 import fractions
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
@@ -152,12 +155,21 @@ class PacedAudioTrack(MediaStreamTrack):
 class OutputFanout:
     """Drives one session's emission clock and feeds the output tracks subscribed to it."""
 
-    def __init__(self, clock: EmissionClock, outputs: tuple[TrackDecl, ...]) -> None:
+    def __init__(
+        self,
+        clock: EmissionClock,
+        outputs: tuple[TrackDecl, ...],
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.clock = clock
         self.outputs = {t.name: t for t in outputs}
+        # Told when presenting fails: the session must end with an error rather than
+        # leave the client looking at a frozen picture.
+        self.on_error = on_error
         self._video: dict[str, list[PacedVideoTrack]] = collections.defaultdict(list)
         self._audio: dict[str, list[PacedAudioTrack]] = collections.defaultdict(list)
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
 
     def track(self, name: str) -> MediaStreamTrack:
         """A new sender track for output `name`, fed from the next slot on."""
@@ -176,18 +188,48 @@ class OutputFanout:
                 tracks.remove(track)  # type: ignore[arg-type]
         track.stop()
 
+    @property
+    def paused(self) -> bool:
+        return self._task is None
+
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        if self._task is None and not self._stopped:
+            self._task = asyncio.get_running_loop().create_task(self._guarded_run())
+
+    def pause(self) -> None:
+        """Stop presenting (the session is orphaned); the model's emits then wait."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+
+    def resume(self) -> None:
+        """Present again, starting from fresh frames: the backlog made while paused
+        is dropped, with no black frame (the clock holds the last one meanwhile)."""
+        if self._task is None and not self._stopped:
+            self.clock.buffer.discard_backlog()
+            self.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        self._stopped = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         for tracks in (*self._video.values(), *self._audio.values()):
             for track in list(tracks):
                 track.stop()
+
+    async def _guarded_run(self) -> None:
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("the output fanout failed")
+            if self._task is asyncio.current_task():
+                self._task = None
+            if self.on_error is not None:
+                self.on_error(exc)
 
     async def _run(self) -> None:
         while True:

@@ -5,6 +5,7 @@
       bitrate_kbps: 2000        # starting video bitrate
       max_bitrate_kbps: 6000    # the most the browser's estimate may raise it to
       min_bitrate_kbps: 300
+      reconnect_grace_s: 30     # how long a session whose client vanished waits for it
       ice_servers:
         - urls: ["turn:turn.example.com:3478"]
           username: user
@@ -63,6 +64,10 @@ class WebRTCSettings(BaseModel):
     loopback_candidates: bool = False
     # A session with no inbound data-channel frame for this long is ended (client gone).
     idle_timeout_s: float = Field(default=20.0, gt=0)
+    # A session whose transport is lost without `stop_session` (peer connection closed
+    # or failed, or the watchdog above) is orphaned for this long: the model keeps its
+    # state and a new offer resumes it (the JS SDK's reconnect). 0 ends it at once.
+    reconnect_grace_s: float = Field(default=30.0, ge=0)
     stats_interval_s: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
