@@ -232,12 +232,21 @@ def _property_schema(spec: FieldSpec) -> dict[str, Any]:
 
 
 def session_descriptor(
-    spec: ModelSpec, session_id: str, state: str, *, server_version: str
+    spec: ModelSpec,
+    session_id: str,
+    state: str,
+    *,
+    server_version: str,
+    end_reason: str | None = None,
+    end_message: str | None = None,
 ) -> dict[str, Any]:
     """The `start_session` response (also `GET {base}/session`).
 
     The JS client fails `connect()` unless the fields it checks have the right JSON
-    types, so a non-string here is a caller bug: raise rather than send it.
+    types, so a non-string here is a caller bug: raise rather than send it. An ended
+    session's descriptor also says why it ended (`end_reason`, `end_message`: the
+    `sessionEnded` reason and message, null when unknown), so a client that missed
+    the data-channel message can still tell.
     """
     for label, value in (
         ("session_id", session_id),
@@ -246,7 +255,10 @@ def session_descriptor(
     ):
         if not isinstance(value, str):
             raise TypeError(f"{label} must be a str, got {type(value).__name__}")
-    return {
+    for label, value in (("end_reason", end_reason), ("end_message", end_message)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{label} must be a str or None, got {type(value).__name__}")
+    descriptor: dict[str, Any] = {
         "session_id": session_id,
         "state": state,
         "cluster": "local",
@@ -256,6 +268,10 @@ def session_descriptor(
         "capabilities": capabilities(spec),
         "schema": model_schema(spec),
     }
+    if state == "ended":
+        descriptor["end_reason"] = end_reason
+        descriptor["end_message"] = end_message
+    return descriptor
 
 
 # --- helpers --------------------------------------------------------------------------
