@@ -27,6 +27,7 @@ from reactor_serve.interface.legacy import ModelConfig
 from reactor_serve.interface.messages import ModelMessage
 from reactor_serve.interface.models import BufferClosed, _IdleType
 from reactor_serve.interface.state import InputRejected
+from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.runtime.model_spec import CommandSpec, ModelSpec, inspect_model
 from reactor_serve.runtime.model_thread import ModelThread
@@ -445,7 +446,8 @@ class ModelHost:
             self._command_done()
             session.commands_rejected += 1
             session.send_runtime(
-                "commandError", {"command": name, "message": exc.message, "errors": exc.errors}
+                # Values described where JSON cannot carry them: the error always sends.
+                "commandError", command_error(name, exc.message, exc.errors)
             )
             return
         if self.spec.kind == "pipeline":

@@ -35,7 +35,7 @@ from aiortc.sdp import SessionDescription, candidate_from_sdp
 
 from reactor_serve.runtime.host import ModelHost
 from reactor_serve.runtime.session import EndReason, Session
-from reactor_serve.webrtc import protocol, schema
+from reactor_serve.webrtc import data_channel, protocol
 from reactor_serve.webrtc.backend import BackendError, OfferRejected, SessionState, UnknownSession
 from reactor_serve.webrtc.codecs import apply_bitrate_range, prefer_codec
 from reactor_serve.webrtc.ice import rtc_configuration, use_loopback_candidates
@@ -547,55 +547,14 @@ class PeerSession:
     def _on_channel_message(self, label: str, raw: str | bytes) -> None:
         # Any inbound frame, even one we cannot read, shows the client is alive.
         self._last_inbound = time.monotonic()
-        if label == "control":
-            self._on_control(raw)
-            return
-        session = self.session
-        try:
-            message = protocol.decode(raw)
-        except protocol.ProtocolError as exc:
-            command = _command_of(raw)
-            if command is not None and session is not None:
-                # A command with malformed arguments: the validator answers it with a
-                # commandError, like any other bad command.
-                session.command(*command)
-                return
-            self.ignored_frames += 1
-            log.warning("session %s: ignored a data-channel frame: %s", self.id, exc)
-            return
-        if session is None:
-            return
-        if message.scope == "application":
-            session.command(message.type, message.data)
-        elif message.type == "requestSchema":
-            self._send(protocol.runtime("modelSchema", schema.model_schema(self.host.spec)))
-        elif message.type == "requestCapabilities":
-            self._send(
-                protocol.runtime("modelCapabilities", schema.capabilities(self.host.spec))
-            )
-        elif message.type != "ping":
-            log.debug("session %s: unhandled runtime message %r", self.id, message.type)
+        # Decoding, routing and the per-session command rate limit live in
+        # data_channel.py, which never raises: an exception out of an aiortc "message"
+        # handler closes the whole transport.
+        data_channel.receive(self, label, raw)
 
     def _on_control(self, raw: str | bytes) -> None:
-        try:
-            request = protocol.decode_control(raw)
-        except protocol.ProtocolError as exc:
-            self.ignored_frames += 1
-            log.warning("session %s: ignored a control frame: %s", self.id, exc)
-            return
-        if request.get("type") != "request":
-            return  # notifications (pause/resume/unpublish) need no answer
-        name = (request.get("data") or {}).get("name")
-        known = {t.name for t in self.host.spec.inputs} | {t.name for t in self.host.spec.outputs}
-        if request.get("method") == "publish_track" and name not in known:
-            reply = protocol.control_response(
-                request, error=("unknown_track", f"the model has no track {name!r}")
-            )
-        else:
-            reply = protocol.control_response(request, data={})
-        channel = self._channels.get("control")
-        if channel is not None and channel.readyState == "open":
-            channel.send(reply)
+        # The "control" channel (newer clients); handled with "data" in data_channel.py.
+        data_channel.receive(self, "control", raw)
 
     def _send(self, text: str) -> None:
         channel = self._channels.get("data")
@@ -824,18 +783,8 @@ def _extend_bounded(target: list[Any], items: list[Any], limit: int) -> None:
 
 
 def _command_of(raw: str | bytes) -> tuple[str, Any] | None:
-    """(name, arguments) of an application envelope whose arguments are malformed."""
-    if not isinstance(raw, str) or len(raw) > protocol.MAX_MESSAGE_BYTES:
-        return None
-    try:
-        envelope = json.loads(raw)
-    except ValueError:
-        return None
-    inner = envelope.get("data") if isinstance(envelope, dict) else None
-    if envelope.get("scope") != "application" or not isinstance(inner, dict):  # type: ignore[union-attr]
-        return None
-    name = inner.get("type")
-    return (name, inner.get("data")) if isinstance(name, str) and name else None
+    """(name, errors) of an application envelope whose arguments are malformed."""
+    return data_channel.command_of(raw)
 
 
 def _parse_offer(sdp_offer: Any) -> SessionDescription:

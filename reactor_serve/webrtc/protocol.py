@@ -46,6 +46,7 @@ __all__ = [
     "ProtocolError",
     "Scope",
     "application",
+    "brief",
     "control_response",
     "decode",
     "decode_control",
@@ -404,9 +405,10 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _short(value: Any) -> str:
-    # For log lines and error text: ASCII, so that a lone surrogate cannot break a log
-    # handler; placeholders show their description.
+def brief(value: Any) -> str:
+    """`value` in at most 40 ASCII characters, for log lines and error text: ASCII so
+    that a lone surrogate cannot break a log handler; placeholders show their
+    description."""
     if value is None:
         return "nothing"
     if isinstance(value, (str, int, float, bool)):
@@ -414,3 +416,6 @@ def _short(value: Any) -> str:
     else:
         text = json.dumps(describe_value(value), ensure_ascii=True)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+_short = brief
