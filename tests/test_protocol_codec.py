@@ -239,3 +239,420 @@ def test_control_response_error_keeps_id_type():
         "data": {},
         "error": {"code": "unknown_track", "message": "no track 'x'"},
     }
+
+
+# --- hostile frames: decode is total, and names what it refuses --------------------------
+
+import math  # noqa: E402
+import random  # noqa: E402
+
+from reactor_serve.runtime.field_errors import (  # noqa: E402
+    MAX_DEPTH,
+    Unrepresentable,
+    command_error,
+    describe_value,
+)
+from reactor_serve.webrtc.data_channel import (  # noqa: E402
+    InboundHandler,
+    LogThrottle,
+    TokenBucket,
+)
+from reactor_serve.webrtc.protocol import MAX_PARSE_DEPTH, BadCommand  # noqa: E402
+
+
+def command(args_json, name="set_x"):
+    return '{"scope":"application","data":{"type":"%s","data":%s}}' % (name, args_json)
+
+
+@pytest.mark.parametrize(
+    "args, field, rule, value",
+    [
+        ('{"x":NaN}', "x", "finite", "<NaN>"),
+        ('{"x":Infinity}', "x", "finite", "<Infinity>"),
+        ('{"x":-Infinity}', "x", "finite", "<-Infinity>"),
+        ('{"x":1e309}', "x", "out_of_range", "<number too large: 1e309>"),
+        ('{"x":-1e309}', "x", "out_of_range", "<number too large: -1e309>"),
+        ('{"x":' + "9" * 5000 + "}", "x", "out_of_range", "<integer of 5000 digits>"),
+        ('{"x":-' + "9" * 5000 + "}", "x", "out_of_range", "<integer of 5000 digits>"),
+        ('{"x":%d}' % (2**63 + 1), "x", "out_of_range", "<integer of 19 digits>"),
+        ('{"x":"\\ud800"}', "x", "unicode", "<string with a lone surrogate>"),
+        ('{"x":["ok","a\\udfffb"]}', "x", "unicode", ["ok", "<string with a lone surrogate>"]),
+        ('{"\\udc00":1}', "<string with a lone surrogate>", "unicode", 1),
+        ('{"x":' + "[" * 200 + "]" * 200 + "}", "x", f"max_depth={MAX_DEPTH}", "<nested 200 deep>"),
+        ('{"x":{"y":[1,NaN]}}', "x", "finite", {"y": [1, "<NaN>"]}),
+        ("[1,2]", None, "type=object", [1, 2]),
+        ("7", None, "type=object", 7),
+        ('"go"', None, "type=object", "go"),
+        ("NaN", None, "type=object", "<NaN>"),
+    ],
+)
+def test_a_command_with_unsendable_arguments_is_a_bad_command(args, field, rule, value):
+    with pytest.raises(BadCommand) as info:
+        decode(command(args))
+    exc = info.value
+    assert exc.command == "set_x"
+    assert {"field": field, "rule": rule, "value": value} in exc.errors
+    # What the client gets back is strict JSON, UTF-8 encodable.
+    text = runtime("commandError", command_error(exc.command, str(exc), exc.errors))
+    text.encode("utf-8")
+    assert json.loads(text)["data"]["data"]["errors"] == exc.errors
+
+
+def test_every_bad_field_is_named_and_good_ones_are_not():
+    with pytest.raises(BadCommand) as info:
+        decode(command('{"a":NaN,"b":2,"c":"\\ud800"}'))
+    assert [e["field"] for e in info.value.errors] == ["a", "c"]
+
+
+def test_junk_around_a_command_is_named_too():
+    raw = '{"scope":"application","data":{"type":"go","data":{},"extra":NaN}}'
+    with pytest.raises(BadCommand) as info:
+        decode(raw)
+    assert info.value.errors == [{"field": None, "rule": "finite", "value": "<NaN>"}]
+
+
+def test_integers_up_to_64_bits_and_finite_floats_decode():
+    got = decode(command('{"a":%d,"b":-%d,"c":1e308,"d":-0.0,"e":1e-400}' % (2**63, 2**63)))
+    assert got.data == {"a": 2**63, "b": -(2**63), "c": 1e308, "d": -0.0, "e": 0.0}
+
+
+def test_a_value_nested_exactly_max_depth_decodes():
+    nested = "[" * MAX_DEPTH + "]" * MAX_DEPTH
+    assert decode(command('{"x":%s}' % nested)).data["x"] is not None
+    with pytest.raises(BadCommand):
+        decode(command('{"x":[%s]}' % nested))
+
+
+def test_escaped_surrogate_pairs_are_fine():
+    assert decode(command('{"x":"\\ud83d\\ude00"}')).data == {"x": "\U0001f600"}
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        ("[" * 60_000, "nested 60000 deep"),
+        ('{"a":' * 5000 + "1" + "}" * 5000, "nested 5000 deep"),
+        ("[" * (MAX_PARSE_DEPTH + 1) + "]" * (MAX_PARSE_DEPTH + 1), "invalid JSON"),
+        ('{"scope":"runtime","data":{"type":"ping","data":{"v":1e999}}}', "out_of_range"),
+        ('{"scope":"runtime","data":{"type":"ping","data":{"v":' + "1" * 4400 + "}}}",
+         "integer of 4400 digits"),
+        ('{"scope":"runtime","data":{"type":"ping","data":{"\\ud800":1}}}', "unicode"),
+        ('{"scope":"runtime","data":{"type":"ping","x":' + "[" * 40 + "]" * 40 + "}}",
+         "max_depth"),
+        ('{"scope":"application","data":{"type":"\\ud800"}}', "lone surrogate"),
+        ('{"scope":"\\ud800","data":{"type":"x"}}', "unknown scope"),
+        ('{"scope":"application","data":{"type":NaN}}', "<NaN>"),
+        ('{"scope":"app\udcffx","data":{"type":"x"}}', "not valid UTF-8"),  # raw lone surrogate
+        ("\udcff\udcfe", "not valid UTF-8"),
+    ],
+    ids=lambda v: None if isinstance(v, str) and len(v) < 60 and v.isascii() else "x",
+)
+def test_hostile_frames_raise_protocol_error_only(raw, reason):
+    with pytest.raises(ProtocolError) as info:
+        decode(raw)
+    assert not isinstance(info.value, BadCommand)
+    assert reason in str(info.value)
+    str(info.value).encode("utf-8")  # fit for a log line
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"type":"request","method":"publish_track","request_id":' + "9" * 5000 + "}",
+        '{"type":"request","method":"publish_track","request_id":%d}' % (2**64),
+        '{"type":"request","method":"publish_track","request_id":"r","data":{"name":NaN}}',
+        '{"type":"request","method":"\\ud800","request_id":"r"}',
+        '{"type":"notification","event":"pause_track","data":{"name":' + "[" * 300 + "]" * 300 + "}}",
+        "[" * 50_000,
+        "null",
+    ],
+    ids=range(7),
+)
+def test_hostile_control_messages_raise_protocol_error(raw):
+    with pytest.raises(ProtocolError):
+        decode_control(raw)
+
+
+def test_outgoing_lone_surrogates_are_escaped_not_fatal():
+    text = runtime("x", {"s": "a\ud800b"})
+    text.encode("utf-8")  # the data channel can send it
+    assert json.loads(text)["data"]["data"]["s"] == "a\ud800b"
+
+
+# --- describing values for commandError ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, described",
+    [
+        (float("nan"), "<NaN>"),
+        (float("inf"), "<Infinity>"),
+        (float("-inf"), "<-Infinity>"),
+        (10**5000, "<integer of 5001 digits>"),
+        (-(2**64), "<integer of 20 digits>"),
+        ("\ud800", "<string with a lone surrogate>"),
+        ({"\udc80": [float("nan")]}, {"<string with a lone surrogate>": ["<NaN>"]}),
+        ("x" * 5000, "<string of 5000 characters>"),
+        (list(range(2000)), "<array of 2000 items>"),
+        (Unrepresentable("<NaN>", "finite"), "<NaN>"),
+        (1.5, 1.5),
+        ("ok", "ok"),
+        (None, None),
+        (True, True),
+        ([1, {"a": "b"}], [1, {"a": "b"}]),
+    ],
+    ids=range(15),
+)
+def test_describe_value(value, described):
+    assert describe_value(value) == described
+
+
+def test_describe_value_of_a_very_deep_or_cyclic_value():
+    deep: list = []
+    for _ in range(50_000):
+        deep = [deep]
+    assert describe_value(deep) == "<nested more than 10000 deep>"
+    cyclic: list = []
+    cyclic.append(cyclic)
+    assert describe_value(cyclic) == "<nested more than 10000 deep>"
+    shallow: list = []
+    for _ in range(200):
+        shallow = [shallow]
+    assert describe_value(shallow) == "<nested 201 deep>"
+
+
+def test_command_error_always_serialises():
+    huge = 10**5000
+    data = command_error(
+        "set_\ud800",
+        "x=\ud800 breaks unicode" + "!" * 10_000,
+        [
+            {"field": "\udfff", "rule": "unicode", "value": "\ud800"},
+            {"field": "n", "rule": "finite", "value": float("nan")},
+            {"field": "i", "rule": "out_of_range", "value": huge},
+            {"field": "o", "rule": "type", "value": object()},
+        ],
+    )
+    text = json.dumps(data, allow_nan=False, ensure_ascii=False)
+    text.encode("utf-8")
+    assert data["command"] == "<string with a lone surrogate>"
+    assert [e["value"] for e in data["errors"][:3]] == [
+        "<string with a lone surrogate>", "<NaN>", "<integer of 5001 digits>"]
+    assert len(data["message"]) <= 2048
+
+
+# --- property: decode returns an Inbound or raises ProtocolError, nothing else ----------
+
+_ATOMS = [
+    None, True, False, 0, -1, 2**63, 2**63 + 1, -(2**70), 10**30, 0.5, -1e-300, 1e308,
+    float("nan"), float("inf"), float("-inf"), "", "x", "猫", "\ud800", "a\udfffb",
+    "\U0001f600", '"', "\\", "\x00", "[" * 10, "NaN",
+]
+
+
+def _random_tree(rng: random.Random, depth: int) -> object:
+    roll = rng.random()
+    if depth <= 0 or roll < 0.35:
+        return rng.choice(_ATOMS)
+    if roll < 0.45:
+        # A long thin spike: deep nesting without a big frame.
+        spike: object = rng.choice(_ATOMS)
+        for _ in range(rng.choice([5, 31, 33, 100, 300, 2000])):
+            spike = [spike] if rng.random() < 0.5 else {"k": spike}
+        return spike
+    if roll < 0.7:
+        return [_random_tree(rng, depth - 1) for _ in range(rng.randint(0, 4))]
+    keys = ["scope", "data", "type", "x", "brightness", "\udc00", "猫", ""]
+    return {rng.choice(keys): _random_tree(rng, depth - 1) for _ in range(rng.randint(0, 4))}
+
+
+def _random_envelope(rng: random.Random) -> object:
+    # Mostly near-valid envelopes, so the fuzz reaches past the first checks.
+    if rng.random() < 0.3:
+        return _random_tree(rng, 5)
+    inner = {"type": rng.choice(["set_x", "ping", "requestSchema", "", 5, None, "\ud800"])}
+    if rng.random() < 0.9:
+        inner["data"] = (_random_tree(rng, 4) if rng.random() < 0.4
+                         else {"x": _random_tree(rng, 4)})
+    return {"scope": rng.choice(["application", "runtime", "other", None, 1]), "data": inner}
+
+
+def _serialise(rng: random.Random, tree: object) -> str | bytes:
+    try:
+        text = json.dumps(tree, ensure_ascii=rng.random() < 0.5, allow_nan=True)
+    except (ValueError, RecursionError):  # ints past the str digit limit, very deep spikes
+        text = '{"scope":"application","data":{"type":"x","data":' + "[" * 3000 + "]" * 3000 + "}}"
+    mutation = rng.random()
+    if mutation < 0.1 and text:
+        cut = rng.randrange(len(text))
+        text = text[:cut]
+    elif mutation < 0.2 and text:
+        i = rng.randrange(len(text))
+        text = text[:i] + rng.choice("[]{}\",:\\ \ud800x1e9") + text[i + 1:]
+    elif mutation < 0.25:
+        return text.encode("utf-8", "surrogatepass")
+    return text
+
+
+def _assert_total(raw: object, decoder=decode) -> str:
+    try:
+        got = decoder(raw)
+    except BadCommand as exc:
+        data = command_error(exc.command, str(exc), exc.errors)
+        json.dumps(data, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        assert exc.errors, "a BadCommand names at least one field"
+        return "bad_command"
+    except ProtocolError as exc:
+        str(exc)
+        return "protocol_error"
+    # Anything decoded is plain data that can be sent back as strict JSON.
+    if decoder is decode:
+        assert isinstance(got, Inbound)
+        encode(got.scope, got.type, got.data).encode("utf-8")
+    else:
+        control_response(got).encode("utf-8")
+    return "decoded"
+
+
+def test_property_random_json_trees_decode_or_raise_protocol_error():
+    rng = random.Random(20261123)
+    outcomes: dict[str, int] = {}
+    for _ in range(3000):
+        raw = _serialise(rng, _random_envelope(rng))
+        for decoder in (decode, decode_control):
+            outcome = _assert_total(raw, decoder)
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    # The generator reaches every outcome, so the property is not vacuous.
+    assert set(outcomes) == {"decoded", "bad_command", "protocol_error"}, outcomes
+
+
+def test_property_random_bytes_and_text_decode_or_raise_protocol_error():
+    rng = random.Random(7)
+    alphabet = '{}[]",:0123456789-+.eE \\ntrufalsNIinfyaT\ud800\udc00猫'
+    for _ in range(3000):
+        size = rng.choice([0, 1, 2, 5, 20, 200, 5000])
+        blob = bytes(rng.getrandbits(8) for _ in range(size))
+        text = "".join(rng.choice(alphabet) for _ in range(size))
+        for raw in (blob, blob.decode("latin-1"), blob.decode("utf-8", "surrogateescape"), text):
+            _assert_total(raw, decode)
+            _assert_total(raw, decode_control)
+
+
+# --- the inbound handler: routing, described errors, rate limit -------------------------
+
+
+class FakeSpec:
+    inputs: list = []
+    outputs: list = []
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_handler(bucket=None):
+    sent: list[dict] = []
+    commands: list[tuple[str, dict]] = []
+    handler = InboundHandler(
+        session_id="s",
+        command=lambda name, args: commands.append((name, args)),
+        send=lambda text: sent.append(json.loads(text)),
+        send_control=lambda text: sent.append(json.loads(text)),
+        spec=FakeSpec,
+        bucket=bucket,
+    )
+    return handler, sent, commands
+
+
+def test_handler_routes_commands_and_answers_bad_ones_with_described_errors():
+    handler, sent, commands = make_handler()
+    handler.on_message("data", command('{"x":1}'))
+    handler.on_message("data", command('{"x":NaN}'))
+    handler.on_message("data", "null")
+    handler.on_message("data", b"\x00\x01")
+    assert commands == [("set_x", {"x": 1})]
+    assert [m["data"]["type"] for m in sent] == ["commandError"]
+    assert sent[0]["data"]["data"]["errors"] == [{"field": "x", "rule": "finite", "value": "<NaN>"}]
+    assert (handler.counters.ignored, handler.counters.rejected, handler.counters.frames) == (2, 1, 4)
+
+
+def test_handler_never_raises_even_if_the_session_does():
+    def boom(name, args):
+        raise RuntimeError("model side broke")
+
+    handler = InboundHandler(session_id="s", command=boom, send=lambda t: None,
+                             send_control=lambda t: None, spec=FakeSpec)
+    handler.on_message("data", command('{"x":1}'))
+    assert handler.counters.faults == 1
+
+
+def test_control_name_of_any_type_is_answered_not_raised():
+    handler, sent, _ = make_handler()
+    handler.on_message(
+        "control", '{"type":"request","method":"publish_track","request_id":1,"data":{"name":[1]}}')
+    assert sent[0]["error"]["code"] == "unknown_track"
+    assert handler.counters.faults == 0
+
+
+def test_token_bucket_refills_at_its_rate():
+    clock = Clock()
+    bucket = TokenBucket(rate=10, burst=3, clock=clock)
+    assert [bucket.take() for _ in range(4)] == [True, True, True, False]
+    clock.now += 0.1
+    assert [bucket.take(), bucket.take()] == [True, False]
+    clock.now -= 5  # a clock stepping back drains nothing and adds nothing
+    assert bucket.take() is False
+
+
+def test_a_command_flood_gets_one_rate_limited_error_then_commands_work_again():
+    clock = Clock()
+    handler, sent, commands = make_handler(TokenBucket(rate=100, burst=10, clock=clock))
+    for i in range(1000):
+        clock.now += 0.001  # 1000 commands a second against a limit of 100
+        handler.on_message("data", command('{"x":%d}' % i))
+    limited = [m for m in sent if m["data"]["data"]["errors"][0]["rule"] == "rate_limited"]
+    assert len(limited) == 1  # coalesced across the whole flood
+    assert 105 <= len(commands) <= 111  # the burst, plus 100/s over the second it lasted
+    assert handler.counters.rate_limited == 1000 - len(commands)
+    # The client slows down: commands flow again, and a later flood is reported anew.
+    clock.now += 10
+    handler.on_message("data", command('{"x":-1}'))
+    assert commands[-1] == ("set_x", {"x": -1})
+    for i in range(50):
+        handler.on_message("data", command('{"x":%d}' % i))
+    assert len([m for m in sent if m["data"]["data"]["errors"][0]["rule"] == "rate_limited"]) == 2
+
+
+def test_pings_are_never_rate_limited():
+    clock = Clock()
+    handler, sent, commands = make_handler(TokenBucket(rate=1, burst=1, clock=clock))
+    for _ in range(100):
+        handler.on_message("data", '{"scope":"runtime","data":{"type":"ping"}}')
+    handler.on_message("data", command('{"x":1}'))
+    assert commands == [("set_x", {"x": 1})] and handler.counters.rate_limited == 0
+
+
+def test_log_throttle_caps_lines_per_window(caplog):
+    import logging
+
+    clock = Clock()
+    logger = logging.getLogger("test.throttle")
+    throttle = LogThrottle(logger, lines=3, window_s=10, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="test.throttle"):
+        for i in range(100):
+            throttle.warning("bad frame %d", i)
+        assert len(caplog.records) == 3
+        clock.now += 10
+        throttle.warning("after")
+    assert "97 more data-channel warnings suppressed" in caplog.records[3].getMessage()
+    assert caplog.records[4].getMessage() == "after"
+
+
+def test_nan_is_not_a_float_in_decoded_data():
+    # Belt and braces for the property above: no non-finite float survives decode.
+    got = decode(command('{"x":[1e308, -1e308, 0.1]}'))
+    assert all(math.isfinite(v) for v in got.data["x"])

@@ -219,11 +219,16 @@ def _key(key: Any) -> str:
     return safe_text(_describe(key) if not isinstance(key, (list, dict)) else _safe_repr(key), 60)
 
 
-def _digits(value: int) -> str:
-    try:
-        return str(len(str(abs(value))))
-    except ValueError:  # past sys.get_int_max_str_digits(): estimate from the bit length
-        return f"about {int(abs(value).bit_length() * math.log10(2)) + 1}"
+def _digits(value: int) -> int:
+    # Without str(): past sys.get_int_max_str_digits() CPython refuses to print it.
+    # From the bit length the count is one of two values; powers of ten settle which.
+    value = abs(value)
+    digits = max(1, int((value.bit_length() - 1) * math.log10(2)) + 1)
+    while digits > 1 and value < 10 ** (digits - 1):
+        digits -= 1
+    while value >= 10**digits:
+        digits += 1
+    return digits
 
 
 def _summary(value: Any) -> str:

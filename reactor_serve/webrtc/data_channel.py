@@ -13,7 +13,7 @@ faults" is the contract:
   is not an object) gets a `commandError` naming field and rule, with the value
   described, never echoed raw;
 - commands past the rate limit are dropped, with one `commandError` (rule
-  `rate_limited`) per run of dropped commands, not one per command;
+  `rate_limited`) per flood, not one per dropped command;
 - nothing is raised out of a handler, ever: an exception from an aiortc "message"
   handler propagates into its DTLS receive loop, which then closes the transport and
   the video stops. `guard_sctp_text_frames` (installed on import) covers the one case
@@ -87,6 +87,12 @@ class TokenBucket:
             self._tokens -= 1.0
             return True
         return False
+
+    @property
+    def full(self) -> bool:
+        """True when at most one token short of `burst` (as right after a take from
+        a full bucket): the sender has kept under the rate for a while."""
+        return self._tokens >= self.burst - 1.0
 
 
 class LogThrottle:
@@ -175,8 +181,10 @@ class InboundHandler:
         self._on_ignored = on_ignored
         self.bucket = bucket or TokenBucket(COMMAND_RATE, COMMAND_BURST)
         self.counters = InboundCounters()
-        # Set once a rate_limited commandError went out; cleared when a command is
-        # admitted again. So a flood gets one error, not one per dropped command.
+        # Set once a rate_limited commandError went out; cleared only once the bucket
+        # has refilled (the client slowed down for burst/rate seconds). Clearing it on
+        # the next admitted command instead would send an error per refilled token
+        # under a sustained flood, which is as bad as one per dropped command.
         self._limit_reported = False
 
     def on_message(self, label: str, raw: Any) -> None:
@@ -252,9 +260,10 @@ class InboundHandler:
 
     def _admit(self, command: str | None) -> bool:
         """Spend a token; past the limit, drop the frame and, for a command, tell the
-        client once per run of dropped commands."""
+        client once per flood (see _limit_reported)."""
         if self.bucket.take():
-            self._limit_reported = False
+            if self._limit_reported and self.bucket.full:
+                self._limit_reported = False
             return True
         self.counters.rate_limited += 1
         if command is not None and not self._limit_reported:
