@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 
@@ -32,12 +32,8 @@ from reactor_serve.webrtc.backend import (
     SessionInfo,
     UnknownSession,
 )
-from reactor_serve.webrtc.http_api import (
-    SessionHTTPMiddleware,
-    session_routes,
-    token_check,
-)
 from reactor_serve.webrtc.ice import client_ice_servers
+from reactor_serve.webrtc.session_routes import add_session_middleware, session_routes
 from reactor_serve.webrtc.settings import WebRTCSettings, WebRTCSettingsError
 from reactor_serve.webrtc.web_page import (
     PLAYER_PAGE,
@@ -402,14 +398,15 @@ def create_app(
     app.state.backend = backend
     app.state.host = host
     app.state.load_error = None
-    app.add_middleware(SessionHTTPMiddleware)
+    # CORS, doubled slashes, the token (pages and docs too), request limits.
+    add_session_middleware(app, auth_token=auth_token)
     app.include_router(
-        session_routes(lambda request: backend, server_version=__version__, auth_token=auth_token)
+        session_routes(lambda request: backend, server_version=__version__)
     )
 
     app.include_router(asset_routes(""))
 
-    @app.get("/", dependencies=[Depends(token_check(auth_token))], response_model=None)
+    @app.get("/", response_model=None)
     async def index(request: Request) -> dict[str, Any] | HTMLResponse:
         # Browsers get the player page; tools asking for JSON get this summary.
         if wants_html(request):

@@ -31,7 +31,7 @@ _ASGIApp = Callable[[_Scope, Any, Any], Awaitable[None]]
 # An SDP offer with many candidates is a few KiB; 64 KiB is its own limit. The body
 # limit leaves room for that plus a track mapping and extra_args.
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
-DEFAULT_MAX_URL_BYTES = 8 * 1024
+DEFAULT_MAX_URL_BYTES = 16 * 1024
 
 
 class BodyTooLarge(HTTPException):
