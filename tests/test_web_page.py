@@ -274,6 +274,101 @@ def test_reconnect_keeps_the_models_state(page, reactor_run):
     assert brightness(page, VIDEO) < 25, "the model's state survived the reconnect"
 
 
+# Holds the page's first offer (POST .../sdp_params) for a while, so that a click lands
+# while the page is still connecting.
+SLOW_FIRST_OFFER = """
+const realFetch = window.fetch;
+window.fetch = async (url, init) => {
+  if (init && init.method === "POST" && String(url).endsWith("/sdp_params")) {
+    await new Promise((resolve) => setTimeout(resolve, 1500));
+  }
+  return realFetch(url, init);
+};
+"""
+
+
+def test_reconnect_while_still_connecting_ends_up_playing(page, reactor_run):
+    run = reactor_run(GRADIENT)
+    page.add_init_script(SLOW_FIRST_OFFER)
+    page.goto(run.url + "/")
+    wait_for(lambda: page.evaluate("window.reactorSession.sessionId")
+             and page.inner_text("#connection") == "connecting", 20,
+             "the page to be connecting, its offer in flight")
+    session = page.evaluate("window.reactorSession.sessionId")
+    page.click("#reconnect")
+    wait_for(lambda: page.inner_text("#connection") == "connected", 30, "the page to connect")
+    wait_for(lambda: frame_count(page, VIDEO) > 10, 20, "frames to play")
+    assert brightness(page, VIDEO) > 60
+    assert page.evaluate("window.reactorSession.sessionId") == session
+    assert page.inner_text("#error") == ""
+    assert not [e for e in log_entries(page) if "failed" in e], log_entries(page)
+    # The superseded first offer neither failed the page nor ended the session later.
+    page.wait_for_timeout(2000)
+    assert page.inner_text("#connection") == "connected"
+    assert httpx.get(f"{run.url}/health").json()["live_sessions"] == 1
+
+
+def test_page_reconnects_by_itself_when_its_connection_breaks(page, reactor_run):
+    run = reactor_run(GRADIENT)
+    open_player(page, run.url + "/")
+    set_range(page, "#control-set_brightness", 0.1)
+    wait_for(lambda: brightness(page, VIDEO) < 25, 10, "the picture to darken")
+    session = page.evaluate("window.reactorSession.sessionId")
+    # The transport breaks underneath the page (no Stop, no stop_session).
+    page.evaluate("window.reactorSession.pc.close()")
+    wait_for_log(page, r"^reconnecting \(attempt 1\)…", "the page to start reconnecting")
+    wait_for(lambda: page.inner_text("#connection") == "connected", 30, "the reconnect")
+    wait_for_log(page, r"^reconnected ", "the reconnect in the log")
+    mark = frame_count(page, VIDEO)
+    wait_for(lambda: frame_count(page, VIDEO) > mark + 10, 20, "frames after the reconnect")
+    assert page.evaluate("window.reactorSession.sessionId") == session
+    assert page.evaluate("window.reactorSession.reconnects") == 1
+    assert brightness(page, VIDEO) < 25, "the model's state survived the reconnect"
+    assert page.inner_text("#error") == ""
+
+
+def test_a_session_ended_by_the_server_shows_why(page, reactor_run):
+    run = reactor_run(GRADIENT)
+    open_player(page, run.url + "/")
+    session = page.evaluate("window.reactorSession.sessionId")
+    httpx.post(f"{run.url}/stop_session", json={"session_id": session})
+    wait_for(lambda: page.inner_text("#connection") == "ended: client_closed", 10,
+             "the page to show the end")
+    assert "Session ended (client_closed)" in page.inner_text("#error")
+    wait_for_log(page, r'^session ended .*"reason":"client_closed"', "the end in the log")
+    # Ended by the server on purpose: the page does not try to get it back.
+    page.wait_for_timeout(1500)
+    assert not [e for e in log_entries(page) if e.startswith("reconnecting")]
+    assert page.inner_text("#connection") == "ended: client_closed"
+
+
+def test_stop_and_tab_close_name_the_session(browser, reactor_run):
+    run = reactor_run(GRADIENT)
+    context = browser.new_context()
+    stops = []
+    context.on("request", lambda r: stops.append(r.post_data) if r.url.endswith("/stop_session") else None)
+    try:
+        tab = context.new_page()
+        open_player(tab, run.url + "/")
+        first = tab.evaluate("window.reactorSession.sessionId")
+        tab.click("#stop")
+        wait_for(lambda: stops, 10, "the Stop request")
+        assert json.loads(stops[0]) == {"session_id": first}
+        tab.click("#reconnect")  # a new session
+        wait_for(lambda: tab.inner_text("#connection") == "connected", 30, "a new session")
+        second = tab.evaluate("window.reactorSession.sessionId")
+        assert second != first
+        tab.close()
+        # The closing tab's keepalive stop names its session, which ends at once rather
+        # than waiting out the server's reconnect grace as a lost transport would.
+        ended = wait_for(lambda: (d := httpx.get(f"{run.url}/session",
+                                                 params={"session_id": second}).json())
+                         .get("state") == "ended" and d, 10, "the session to end")
+        assert ended.get("end_reason") == "client_closed", ended
+    finally:
+        context.close()
+
+
 def test_page_under_a_token_prefix_carries_the_token(page, reactor_run):
     run = reactor_run(GRADIENT, "--token", "s3cret")
     assert httpx.get(run.url + "/", headers={"accept": "text/html"}).status_code == 401

@@ -33,8 +33,13 @@ session.addEventListener("state", ({ detail }) => {
     ? `Waiting for a free slot: position ${detail.position}` +
       (typeof detail.eta_s === "number" ? `, about ${Math.ceil(detail.eta_s)} s` : "")
     : "";
-  $("error").textContent = detail.state === "failed" ? detail.message : "";
-  if (detail.state === "ended" || detail.state === "failed") {
+  $("error").textContent = errorText(detail);
+  if (detail.state === "reconnecting" && detail.attempt) {
+    releaseKeys(); // held keys would stay down on the server while we are away
+    log(`reconnecting (attempt ${detail.attempt})…`, { reason: detail.reason }, "runtime");
+  } else if (detail.state === "connected" && detail.reconnected) {
+    log("reconnected", { session: "same session, model state kept" }, "runtime");
+  } else if (detail.state === "ended" || detail.state === "failed") {
     releaseKeys();
     log(detail.state === "ended" ? "session ended" : "connection failed",
       detail.state === "ended" ? { reason: detail.reason, message: detail.message } : { message: detail.message },
@@ -68,12 +73,17 @@ session.addEventListener("stats", ({ detail }) => {
 
 // ------------------------------------------------------------------ start
 
+let creating = null; // session.create() in progress: its id is not known yet
+
 async function start() {
   releaseKeys();
+  creating = session.create();
   try {
-    await session.create();
+    await creating;
   } catch {
     return;
+  } finally {
+    creating = null;
   }
   const { model, capabilities } = session.descriptor;
   $("model-name").textContent = model.name;
@@ -172,6 +182,10 @@ outputs.addEventListener("blur", releaseKeys);
 
 $("reconnect").addEventListener("click", async () => {
   connectionMeter.reset();
+  // A session still being created has an id in a moment: reconnect to it then, rather
+  // than start a second one (which a one-session server refuses). A negotiation in
+  // flight is replaced by the reconnect's.
+  if (creating) await creating.catch(() => {});
   if (session.sessionId) {
     try {
       await session.reconnect();
@@ -207,6 +221,8 @@ function stateText(detail) {
   switch (detail.state) {
     case "queued":
       return "queued";
+    case "reconnecting":
+      return detail.attempt ? `reconnecting (attempt ${detail.attempt})…` : "reconnecting";
     case "ended":
       return `ended${detail.reason ? `: ${detail.reason}` : ""}`;
     case "failed":
@@ -214,6 +230,15 @@ function stateText(detail) {
     default:
       return detail.state;
   }
+}
+
+/** What the page says under the video: why a session failed or ended, unless the
+ * user ended it. */
+function errorText(detail) {
+  if (detail.state === "failed") return detail.message;
+  if (detail.state !== "ended" || detail.reason === "stopped") return "";
+  return `Session ended (${detail.reason || "unknown reason"})` +
+    (detail.message ? `: ${detail.message}` : "");
 }
 
 // ------------------------------------------------------------------ stats overlay
@@ -230,5 +255,5 @@ setInterval(async () => {
 }, STATS_INTERVAL_MS);
 
 if (/\/models\/[^/]+$/.test(baseUrl)) $("home").hidden = false;
-window.reactorSession = session; // for the browser console
+window.reactorSession = session; // for the browser console and the tests
 start();

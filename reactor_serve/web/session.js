@@ -1,9 +1,18 @@
 // One session with a reactor-serve model, in the browser: the HTTP signalling and the
 // data-channel protocol of PROTOCOL.md over an RTCPeerConnection.
 //
+// A lost transport (the peer connection fails or closes on its own, or the data
+// channel goes quiet while the server's once-a-second stats are expected) is repaired
+// by itself: a new offer on the same session (PUT .../sdp_params) with backoff, and the
+// model keeps its state. When the session is over, the `ended` state says why: the
+// server's sessionEnded, or what the server answers about the session when it could
+// not send one (a replica that died).
+//
 // Events (all CustomEvent, payload in `detail`):
-//   state        {state, ...}  connecting | queued {position, eta_s} | connected |
-//                              reconnecting | ended {reason} | failed {message}
+//   state        {state, ...}  connecting | queued {position, eta_s} |
+//                              connected {reconnected?} |
+//                              reconnecting {attempt?, reason?} |
+//                              ended {reason, message?} | failed {message}
 //   track        {name, kind, track}     a model output track arrived
 //   schema       the model's OpenAPI document (modelSchema)
 //   message      {type, data}            a model message (application scope)
@@ -15,11 +24,29 @@ const POLL_FIRST_MS = 20;
 const ICE_GATHER_TIMEOUT_MS = 3000;
 const HOST_CANDIDATES_QUIET_MS = 30;
 const ANSWER_TIMEOUT_MS = 30000;
+// From the answer to an open data channel; longer means ICE or DTLS did not get through.
+const OPEN_TIMEOUT_MS = 15000;
+// Liveness: the server sends stats about once a second, so this long without any
+// message means the transport is gone (ICE itself takes ~30 s to say so).
+const SILENCE_MS = 2000;
+const WATCHDOG_MS = 250;
+// Automatic reconnects: 200 ms, doubling, at most 2 s apart, for at most 30 s (the
+// server keeps a session whose transport was lost for its reconnect grace, 30 s).
+const RECONNECT_FIRST_MS = 200;
+const RECONNECT_MAX_MS = 2000;
+const RECONNECT_GIVE_UP_MS = 30000;
 
 export class SessionError extends Error {
   constructor(message, status) {
     super(message);
     this.status = status;
+  }
+}
+
+/** A negotiation replaced by a newer one (a Reconnect click, Stop): not a failure. */
+class Superseded extends SessionError {
+  constructor() {
+    super("superseded by a newer connection");
   }
 }
 
@@ -30,13 +57,18 @@ export class ReactorSession extends EventTarget {
     this.baseUrl = baseUrl.replace(/\/+$/, "");
     this.descriptor = null;
     this.sessionId = null;
-    this.pc = null;
+    this.pc = null; // the current connection's (for the stats overlay and the console)
     this.channel = null;
     this.inputs = new Map(); // track name -> MediaStreamTrack the page wants sent
     this.senders = new Map(); // track name -> RTCRtpSender of the current connection
     this.state = "idle";
+    this.reconnects = 0; // automatic reconnects that worked
     this._pingTimer = null;
-    this._generation = 0; // bumps per peer connection; stale callbacks check it
+    this._watchdog = null;
+    this._generation = 0; // bumps per negotiation; stale callbacks and attempts check it
+    this._lastInbound = 0;
+    this._statsSeen = false;
+    this._recovery = null; // the automatic reconnect in progress (a token), if any
   }
 
   get tracks() {
@@ -67,18 +99,24 @@ export class ReactorSession extends EventTarget {
     try {
       await this._connect("POST");
     } catch (err) {
+      if (err instanceof Superseded) return; // a newer negotiation owns the state now
+      if (await this._endIfOver(err)) return;
       this._fail(err);
       throw err;
     }
   }
 
-  /** A new peer connection for the same session: the model keeps its state. */
+  /** A new peer connection for the same session: the model keeps its state. Called
+   * while a negotiation is still in flight, it replaces that one. */
   async reconnect() {
     if (!this.sessionId) return this.start();
+    this._recovery = null; // a manual reconnect takes over from an automatic one
     this._setState("reconnecting");
     try {
       await this._connect("PUT");
     } catch (err) {
+      if (err instanceof Superseded) return;
+      if (await this._endIfOver(err)) return;
       this._fail(err);
       throw err;
     }
@@ -99,6 +137,7 @@ export class ReactorSession extends EventTarget {
   /** End the session. `onUnload`: the tab is closing, so use a request that outlives it. */
   stop({ onUnload = false } = {}) {
     const sid = this.sessionId;
+    this._recovery = null;
     this._closePeer();
     this.sessionId = null;
     if (sid) this._endOnServer(sid, onUnload);
@@ -107,74 +146,99 @@ export class ReactorSession extends EventTarget {
 
   // ------------------------------------------------------------------ connection
 
+  /** Negotiate a new connection and make it the current one once its data channel
+   * is open. The old connection stays open until the new one is answered: an older
+   * server ends a session whose only connection closes. */
   async _connect(method) {
-    // The old connection stays open until the new one is answered: the server ends a
-    // session whose only connection closes, and a reconnect must keep the session.
-    const previous = [this.pc, this.channel];
-    this.pc = null;
-    this.channel = null;
-    this.senders.clear();
-    clearInterval(this._pingTimer);
     const generation = ++this._generation;
-    try {
-      await this._negotiate(method, generation);
-    } finally {
-      for (const old of previous) if (old) old.close();
-    }
+    clearInterval(this._pingTimer);
+    clearInterval(this._watchdog);
+    await this._negotiate(method, generation);
   }
 
   async _negotiate(method, generation) {
+    const current = () => {
+      if (generation !== this._generation) throw new Superseded();
+    };
     const { ice_servers: iceServers } = await this._request(
       "GET", `/sessions/${this.sessionId}/transport/webrtc/ice_servers`);
+    current();
     const pc = new RTCPeerConnection({
       iceServers: iceServers.map((s) => ({
         urls: s.uris,
         ...(s.credentials ? { username: s.credentials.username, credential: s.credentials.password } : {}),
       })),
     });
-    this.pc = pc;
-    const names = new Map(); // transceiver -> track name
-    for (const track of this.tracks) {
-      if (track.direction === "recvonly") {
-        names.set(pc.addTransceiver(track.kind, { direction: "recvonly" }), track);
-      } else {
-        const local = this.inputs.get(track.name) || null;
-        const transceiver = local
-          ? pc.addTransceiver(local, { direction: "sendonly" })
-          : pc.addTransceiver(track.kind, { direction: "sendonly" });
-        this.senders.set(track.name, transceiver.sender);
-        names.set(transceiver, track);
+    const channel = pc.createDataChannel("data");
+    try {
+      const names = new Map(); // transceiver -> track
+      const senders = new Map(); // track name -> sender, made current on success
+      for (const track of this.tracks) {
+        if (track.direction === "recvonly") {
+          names.set(pc.addTransceiver(track.kind, { direction: "recvonly" }), track);
+        } else {
+          const local = this.inputs.get(track.name) || null;
+          const transceiver = local
+            ? pc.addTransceiver(local, { direction: "sendonly" })
+            : pc.addTransceiver(track.kind, { direction: "sendonly" });
+          senders.set(track.name, transceiver.sender);
+          names.set(transceiver, track);
+        }
       }
-    }
-    pc.ontrack = (event) => {
-      const track = names.get(event.transceiver);
-      if (!track || generation !== this._generation) return;
-      this._emit("track", { name: track.name, kind: track.kind, track: event.track });
-    };
-    pc.onconnectionstatechange = () => {
-      if (generation !== this._generation) return;
-      if (pc.connectionState === "failed") this._fail(new SessionError("the connection failed"));
-      if (pc.connectionState === "closed" && this.state === "connected") {
-        this._setState("ended", { reason: "connection closed" });
-      }
-    };
-    this._openChannel(pc.createDataChannel("data"), generation);
+      pc.ontrack = (event) => {
+        const track = names.get(event.transceiver);
+        if (!track || generation !== this._generation) return;
+        this._emit("track", { name: track.name, kind: track.kind, track: event.track });
+      };
+      pc.onconnectionstatechange = () => {
+        if (generation !== this._generation || this.state !== "connected") return;
+        if (["failed", "disconnected", "closed"].includes(pc.connectionState)) {
+          this._transportLost(`peer connection ${pc.connectionState}`);
+        }
+      };
+      const opened = this._openChannel(channel, pc, generation);
 
-    const ready = candidatesReady(pc, iceServers.length > 0);
-    await pc.setLocalDescription(await pc.createOffer());
-    await ready;
-    const mapping = pc.getTransceivers()
-      .filter((t) => names.has(t))
-      .map((t) => ({ mid: t.mid, ...names.get(t) }));
-    const path = `/sessions/${this.sessionId}/transport/webrtc/sdp_params`;
-    await this._request(method, path, {
-      sdp_offer: pc.localDescription.sdp,
-      client_info: { name: "reactor-serve web page", user_agent: navigator.userAgent },
-      track_mapping: mapping,
-    });
-    const answer = await this._pollAnswer(path, generation);
-    if (generation !== this._generation) return;
-    await pc.setRemoteDescription({ type: "answer", sdp: answer });
+      const ready = candidatesReady(pc, iceServers.length > 0);
+      await pc.setLocalDescription(await pc.createOffer());
+      await ready;
+      current();
+      // Transceivers get their mids from setLocalDescription; a connection closed in
+      // the meantime has none, and must not be offered.
+      const mapping = pc.getTransceivers()
+        .filter((t) => names.has(t))
+        .map((t) => ({ mid: t.mid, ...names.get(t) }));
+      const missing = mapping.find((entry) => entry.mid === null);
+      if (missing) throw new SessionError(`track ${missing.name} has no mid in the offer`);
+      const path = `/sessions/${this.sessionId}/transport/webrtc/sdp_params`;
+      await this._request(method, path, {
+        sdp_offer: pc.localDescription.sdp,
+        client_info: { name: "reactor-serve web page", user_agent: navigator.userAgent },
+        track_mapping: mapping,
+      });
+      current();
+      const answer = await this._pollAnswer(path, generation);
+      current();
+      await pc.setRemoteDescription({ type: "answer", sdp: answer });
+      current();
+      const previous = [this.pc, this.channel];
+      this.pc = pc;
+      this.channel = channel;
+      this.senders = senders;
+      for (const old of previous) if (old) old.close();
+      // An input picked while this connection was negotiated goes on it now.
+      for (const [name, sender] of senders) {
+        const wanted = this.inputs.get(name) || null;
+        if (sender.track !== wanted) await sender.replaceTrack(wanted);
+      }
+      await opened;
+      current();
+    } catch (err) {
+      if (this.pc !== pc) {
+        channel.close();
+        pc.close();
+      }
+      throw err;
+    }
   }
 
   async _pollAnswer(path, generation) {
@@ -185,7 +249,7 @@ export class ReactorSession extends EventTarget {
     for (;;) {
       const response = await fetch(this._url(path));
       const body = await readJson(response);
-      if (generation !== this._generation) throw new SessionError("superseded by a newer connection");
+      if (generation !== this._generation) throw new Superseded();
       if (response.status === 200) return body.sdp_answer;
       if (response.status !== 202) throw errorOf(response, body);
       if (body.status === "queued") {
@@ -199,19 +263,13 @@ export class ReactorSession extends EventTarget {
     }
   }
 
-  _openChannel(channel, generation) {
-    this.channel = channel;
-    channel.onopen = () => {
-      if (generation !== this._generation) return;
-      this._setState("connected");
-      this._send("runtime", "requestSchema", {});
-      this._pingTimer = setInterval(() => this._send("runtime", "ping", {}), PING_INTERVAL_MS);
-    };
-    channel.onclose = () => {
-      if (generation === this._generation) clearInterval(this._pingTimer);
-    };
+  /** Wire the data channel; resolves when it opens (rejects if the connection fails
+   * or it takes too long), and the connection is then live. */
+  _openChannel(channel, pc, generation) {
     channel.onmessage = (event) => {
-      if (generation !== this._generation || typeof event.data !== "string") return;
+      if (generation !== this._generation) return;
+      this._lastInbound = performance.now(); // any frame, even one we ignore, is liveness
+      if (typeof event.data !== "string") return;
       let envelope;
       try {
         envelope = JSON.parse(event.data);
@@ -220,6 +278,130 @@ export class ReactorSession extends EventTarget {
       }
       this._dispatch(envelope);
     };
+    channel.onclose = () => {
+      if (generation === this._generation) clearInterval(this._pingTimer);
+    };
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(
+        () => reject(new SessionError(`the connection did not open within ${OPEN_TIMEOUT_MS / 1000} s`)),
+        OPEN_TIMEOUT_MS);
+      const failed = () => {
+        if (["failed", "closed"].includes(pc.connectionState)) {
+          clearTimeout(timer);
+          reject(new SessionError(`the connection ${pc.connectionState}`));
+        }
+      };
+      pc.addEventListener("connectionstatechange", failed);
+      channel.onopen = () => {
+        clearTimeout(timer);
+        pc.removeEventListener("connectionstatechange", failed);
+        if (generation !== this._generation) return reject(new Superseded());
+        const reconnected = this.state === "reconnecting";
+        this._lastInbound = performance.now();
+        this._setState("connected", reconnected ? { reconnected: true } : {});
+        this._send("runtime", "requestSchema", {});
+        this._pingTimer = setInterval(() => this._send("runtime", "ping", {}), PING_INTERVAL_MS);
+        this._watchdog = setInterval(() => this._checkTransport(pc, channel, generation), WATCHDOG_MS);
+        resolve();
+      };
+    });
+  }
+
+  /** Notice a transport lost without an event: a peer connection closed underneath
+   * us fires none, and a dead path only shows as silence. */
+  _checkTransport(pc, channel, generation) {
+    if (generation !== this._generation || this.state !== "connected") return;
+    let why = null;
+    if (["failed", "disconnected", "closed"].includes(pc.connectionState)) {
+      why = `peer connection ${pc.connectionState}`;
+    } else if (channel.readyState !== "open") {
+      why = `data channel ${channel.readyState}`;
+    } else if (this._statsSeen && performance.now() - this._lastInbound > SILENCE_MS) {
+      why = `no message from the server for ${SILENCE_MS / 1000} s`;
+    }
+    if (why) this._transportLost(why);
+  }
+
+  /** Reconnect by ourselves: offer again on the same session with backoff, until it
+   * works, the server says the session is over, or we give up. */
+  async _transportLost(why) {
+    if (this._recovery || !this.sessionId) return;
+    const token = {};
+    this._recovery = token;
+    clearInterval(this._watchdog);
+    clearInterval(this._pingTimer);
+    const sid = this.sessionId;
+    const active = () => this._recovery === token && this.sessionId === sid;
+    const started = performance.now();
+    let lastError = why;
+    for (let attempt = 1; ; attempt++) {
+      this._setState("reconnecting", { attempt, reason: why });
+      await sleep(Math.min(RECONNECT_MAX_MS, RECONNECT_FIRST_MS * 2 ** (attempt - 1)));
+      if (!active()) return; // stopped, ended, or a manual reconnect took over
+      try {
+        const over = await this._sessionOver();
+        if (!active()) return;
+        if (over) return this._ended(over);
+        await this._connect("PUT");
+        if (!active()) return;
+        this._recovery = null;
+        this.reconnects++;
+        return;
+      } catch (err) {
+        if (!active() || err instanceof Superseded) return;
+        if (err.status === 404) {
+          return this._ended(await this._sessionOver().catch(() => null)
+            || { reason: "error", message: err.message });
+        }
+        lastError = err.message;
+      }
+      if (performance.now() - started > RECONNECT_GIVE_UP_MS) {
+        const over = await this._sessionOver().catch(() => null);
+        if (!active()) return;
+        this._endOnServer(sid, false); // it may still be kept for us: free it
+        return this._ended(over || {
+          reason: "timeout",
+          message: `lost the connection (${why}) and could not reconnect within ` +
+            `${RECONNECT_GIVE_UP_MS / 1000} s: ${lastError}`,
+        });
+      }
+    }
+  }
+
+  /** What the server says about an ended session: {reason, message}, or null while
+   * it lives. Always names the session (the server tells nothing otherwise). */
+  async _sessionOver() {
+    const path = `/session?session_id=${encodeURIComponent(this.sessionId)}`;
+    let response;
+    try {
+      response = await fetch(this._url(path));
+    } catch (err) {
+      throw new SessionError(`cannot reach the server: ${err.message}`);
+    }
+    const body = await readJson(response);
+    if (response.status === 404) {
+      return { reason: "error", message: body.detail || "the server does not know this session" };
+    }
+    if (response.ok && body.state === "ended") {
+      return { reason: body.end_reason || "unknown", ...(body.end_message ? { message: body.end_message } : {}) };
+    }
+    return null;
+  }
+
+  /** A 404 on an offer means the session ended: report it as ended, with the reason
+   * the server gives, rather than as a failure. Returns whether it did. */
+  async _endIfOver(err) {
+    if (err.status !== 404 || !this.sessionId) return false;
+    const over = await this._sessionOver().catch(() => null);
+    this._ended(over || { reason: "error", message: err.message });
+    return true;
+  }
+
+  _ended(detail) {
+    this._recovery = null;
+    this.sessionId = null;
+    this._closePeer();
+    this._setState("ended", detail);
   }
 
   _dispatch(envelope) {
@@ -237,12 +419,11 @@ export class ReactorSession extends EventTarget {
         this._emit("commanderror", message.data);
         break;
       case "stats":
+        this._statsSeen = true;
         this._emit("stats", message.data);
         break;
       case "sessionEnded":
-        this.sessionId = null;
-        this._closePeer();
-        this._setState("ended", message.data || {});
+        this._ended(message.data || {});
         break;
       default:
         break;
@@ -257,8 +438,9 @@ export class ReactorSession extends EventTarget {
   }
 
   _closePeer() {
-    this._generation++;
+    this._generation++; // in-flight negotiations close their own connections
     clearInterval(this._pingTimer);
+    clearInterval(this._watchdog);
     this.senders.clear();
     if (this.channel) this.channel.close();
     if (this.pc) this.pc.close();
@@ -267,6 +449,7 @@ export class ReactorSession extends EventTarget {
   }
 
   _fail(err) {
+    this._recovery = null;
     this._closePeer();
     if (err.status && this.sessionId) {
       // The server refused (unknown session, no slot, bad offer): this session is of
