@@ -181,13 +181,14 @@ def command_error(command: Any, message: Any, errors: Sequence[Mapping[str, Any]
 
 
 def _label(value: Any) -> Any:
-    # A command or field name: a short string, described when it cannot be sent.
+    # A command or field name: as sent, so the client can match it, unless it cannot be
+    # sent or is too long to be worth echoing.
     if value is None:
         return None
     if isinstance(value, str):
         if has_lone_surrogate(value):
             return LONE_SURROGATE
-        return value if len(value) <= 200 else value[:197] + "..."
+        return value if len(value) <= MAX_VALUE_CHARS else value[: MAX_VALUE_CHARS - 3] + "..."
     return safe_text(describe_value(value), 200)
 
 

@@ -328,7 +328,9 @@ def _first_problem(value: Any, max_depth: int) -> tuple[str, str] | None:
             continue
         if depth + 1 > max_depth:
             return f"max_depth={MAX_DEPTH}", f"a value nested more than {MAX_DEPTH} deep"
-        stack.extend((child, depth + 1) for child in children)
+        # Reversed: the stack pops last-in first, and the first problem in document
+        # order is the one to name.
+        stack.extend((child, depth + 1) for child in reversed(list(children)))
     return None
 
 
