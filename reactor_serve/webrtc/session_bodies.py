@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,27 +206,32 @@ def _candidate(raw: Any, where: str) -> dict[str, Any]:
         problem = _candidate_problem(text)
         if problem is not None:
             raise InvalidBody(f"{where}.candidate: not an ICE candidate ({problem})")
-    # Browsers send camelCase; the Python SDK's JSON uses snake_case.
-    mid_key = "sdpMid" if "sdpMid" in raw else "sdp_mid"
-    index_key = "sdpMLineIndex" if "sdpMLineIndex" in raw else "sdp_mline_index"
-    ufrag_key = "usernameFragment" if "usernameFragment" in raw else "username_fragment"
-    index = raw.get(index_key)
-    if index is not None and (
-        not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= MAX_MLINE_INDEX
-    ):
-        raise InvalidBody(
-            f"{where}.{index_key}: must be an integer from 0 to {MAX_MLINE_INDEX}, "
-            f"got {describe(index)}"
-        )
-    candidate: dict[str, Any] = {
-        "candidate": text,
-        "sdpMid": _short_string(raw.get(mid_key), f"{where}.{mid_key}", required=False),
-        "sdpMLineIndex": index,
-    }
-    ufrag = _short_string(raw.get(ufrag_key), f"{where}.{ufrag_key}", required=False)
+    # Browsers send camelCase; the Python SDK's JSON uses snake_case. Either spelling
+    # is checked when present; camelCase wins when both carry a value.
+    mid = _either(raw, where, "sdpMid", "sdp_mid", _short_string)
+    index = _either(raw, where, "sdpMLineIndex", "sdp_mline_index", _mline_index)
+    ufrag = _either(raw, where, "usernameFragment", "username_fragment", _short_string)
+    candidate: dict[str, Any] = {"candidate": text, "sdpMid": mid, "sdpMLineIndex": index}
     if ufrag is not None:
         candidate["usernameFragment"] = ufrag
     return candidate
+
+
+def _either(
+    raw: dict[str, Any], where: str, camel: str, snake: str, check: Callable[..., Any]
+) -> Any:
+    values = [check(raw.get(key), f"{where}.{key}", required=False) for key in (camel, snake)]
+    return values[0] if values[0] is not None else values[1]
+
+
+def _mline_index(value: Any, where: str, *, required: bool) -> int | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_MLINE_INDEX:
+        raise InvalidBody(
+            f"{where}: must be an integer from 0 to {MAX_MLINE_INDEX}, got {describe(value)}"
+        )
+    return value
 
 
 def _candidate_problem(text: str) -> str | None:
