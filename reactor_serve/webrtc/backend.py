@@ -22,6 +22,7 @@ __all__ = [
     "ModelBusy",
     "ModelUnavailable",
     "OfferRejected",
+    "SdpAnswer",
     "SessionBackend",
     "SessionInfo",
     "SessionState",
@@ -103,6 +104,22 @@ class AnswerPending:
     status: dict[str, Any] = field(default_factory=dict)
 
 
+class SdpAnswer(str):
+    """An SDP answer that knows which connection it answers: a flat `GET sdp_params`
+    names no connection, and the client matches the reply to its latest offer."""
+
+    connection_id: int | None
+
+    def __new__(cls, sdp: str, connection_id: int | None) -> SdpAnswer:
+        answer = super().__new__(cls, sdp)
+        answer.connection_id = connection_id
+        return answer
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Crosses Ray calls (a replica answers an ingress) with its connection id.
+        return (SdpAnswer, (str(self), self.connection_id))
+
+
 @dataclass
 class SessionInfo:
     session_id: str
@@ -154,8 +171,10 @@ class SessionBackend(Protocol):
     async def register_connection(self, session_id: str) -> int:
         """A connection id for newer clients' `POST .../connections`, offered on later."""
 
-    async def poll_answer(self, session_id: str, connection_id: int | None) -> str | AnswerPending:
-        """The SDP answer of the given connection (None: the latest offer), or
+    async def poll_answer(
+        self, session_id: str, connection_id: int | None
+    ) -> SdpAnswer | AnswerPending:
+        """The SDP answer (with its connection id) of the given connection (None: the latest offer), or
         AnswerPending. Raises UnknownSession; OfferRejected / ModelBusy if that
         negotiation failed; UnknownSession for an unregistered connection id."""
 
