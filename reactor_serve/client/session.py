@@ -357,7 +357,10 @@ class ReactorClient:
                 poll = await http.get(f"{transport}/sdp_params")
                 if poll.status_code == 200:
                     answer = poll.json()
-                    if connection_id is None or answer.get("connection_id") == connection_id:
+                    # An answer naming another connection is a stale one; one naming
+                    # none is the latest offer's (PROTOCOL.md: the server clears the
+                    # stored answer on each offer).
+                    if answer.get("connection_id") in (None, connection_id):
                         return answer["sdp_answer"]
                 elif poll.status_code == 202:
                     status = poll.json() if poll.content else {}
