@@ -1,7 +1,9 @@
 """`reactor run`: one model, in this process, behind the session HTTP API.
 
-`LocalBackend` runs the sessions of one `ModelHost`: one live session at a time, as
-the host allows. `create_app` wraps it in a FastAPI app that loads the model at
+`LocalBackend` runs the sessions of one `ModelHost` (the `SessionBackend` contract of
+webrtc/backend.py): one live session at a time, as the host allows; an orphaned
+session counts as live until its client reconnects or its grace ends. Serve replicas
+use the same class for their one slot. `create_app` wraps it in a FastAPI app that loads the model at
 startup and serves PROTOCOL.md's routes at the root.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -23,14 +26,18 @@ from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 
 from reactor_serve.runtime.model_spec import ModelSpec
+from reactor_serve.runtime.session import EndReason
 from reactor_serve.webrtc.backend import (
     AnswerPending,
     BackendError,
+    ClientIdentity,
     ModelBusy,
     ModelUnavailable,
     OfferRejected,
     SessionInfo,
+    SessionState,
     UnknownSession,
+    mask_session_id,
 )
 from reactor_serve.webrtc.ice import client_ice_servers
 from reactor_serve.webrtc.session_routes import add_session_middleware, session_routes
@@ -67,32 +74,57 @@ def _default_peer_factory() -> PeerFactory:
 
 
 class _Slot:
-    """One session of the LocalBackend and its negotiations."""
+    """One session of the LocalBackend: its PeerSession and its negotiations."""
 
-    def __init__(self, info: SessionInfo) -> None:
+    def __init__(self, info: SessionInfo, client: ClientIdentity, peer: PeerSession) -> None:
         self.info = info
-        self.peer: PeerSession | None = None
+        self.client = client
+        self.peer = peer
         # connection id -> the task answering that offer (result: the SDP answer)
         self.negotiations: collections.OrderedDict[int, asyncio.Task[str]] = (
             collections.OrderedDict()
         )
+        # Connection ids handed out by register_connection that got no offer yet.
+        self.registered: collections.OrderedDict[int, None] = collections.OrderedDict()
+        # Connection ids are per session, from 1: a replica re-registers a session's
+        # connections in order and expects the same ids (serve/replica.py).
+        self.ids = itertools.count(1)
         self.latest: int | None = None
         self.answered = False
         self.expiry: asyncio.TimerHandle | None = None
-        # Candidates trickled before the first offer made the peer.
-        self.early_candidates: list[tuple[list[Any], bool]] = []
+        self.expires_at: float | None = None
         self.closing: asyncio.Task[None] | None = None
+
+    def knows(self, connection_id: int) -> bool:
+        return connection_id in self.registered or connection_id in self.negotiations
+
+    def ended_message(self) -> str:
+        info = self.info
+        why = info.end_reason or "unknown reason"
+        if info.end_message:
+            why += f": {info.end_message}"
+        return f"session {info.session_id} has ended ({why})"
 
 
 class LocalBackend:
-    """A `SessionBackend` for one in-process `ModelHost`: one live session at a time."""
+    """A `SessionBackend` for one in-process `ModelHost`: one live session at a time.
 
-    # Negotiations kept per session for polls by connection id; older ones are dropped.
-    KEEP_NEGOTIATIONS = 4
+    An orphaned session is live: it holds the model (and its state) until its client
+    reconnects or the grace ends, so a new session meanwhile gets 409 with a
+    Retry-After of the grace left. Ended sessions are remembered (bounded), so a late
+    poll, offer or stop learns that the session ended and why.
+    """
+
+    # Negotiations and registered connections kept per session; older ones are dropped.
+    KEEP_NEGOTIATIONS = 8
+    KEEP_REGISTERED = 16
     # Ended sessions remembered, so late polls and stops get a clear answer.
     KEEP_ENDED = 32
-    # How long closing a session waits for an offer being answered to finish first.
-    NEGOTIATION_DRAIN_S = 10.0
+    # `stop_unnamed`: how recent a transport loss counts as "the client just closed",
+    # and how long a later one still counts as the stop's.
+    STOP_UNNAMED_WINDOW_S = 5.0
+    # Retry-After for a model that is not loaded.
+    UNAVAILABLE_RETRY_S = 5.0
 
     def __init__(
         self,
@@ -108,8 +140,8 @@ class LocalBackend:
         self._peer_factory = peer_factory
         self._current: _Slot | None = None
         self._ended: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
-        self._ids = itertools.count(1)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # Tasks we start, referenced until done (the loop keeps weak references).
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- SessionBackend --------------------------------------------------------------
 
@@ -125,135 +157,255 @@ class LocalBackend:
     def settings(self) -> WebRTCSettings:
         return self._settings
 
-    async def create_session(self, extra_args: dict[str, Any]) -> SessionInfo:
-        self._loop = asyncio.get_running_loop()
+    async def create_session(
+        self,
+        extra_args: dict[str, Any],
+        client: ClientIdentity | None = None,
+        *,
+        session_id: str | None = None,
+    ) -> SessionInfo:
+        """Reserve the one session (state `created`). `session_id`: an id chosen by
+        the caller (a Serve replica takes the ingress's), else a fresh random one."""
         if not self._host.healthy:
             error = self._host.load_error
             raise ModelUnavailable(
                 f"model {self.spec.name} is not loaded"
-                + (f": {error}" if error is not None else "")
+                + (f": {error}" if error is not None else ""),
+                retry_after_s=None if error is not None else self.UNAVAILABLE_RETRY_S,
             )
-        if self._current is not None:
-            raise ModelBusy(f"model {self.spec.name} is busy with another session")
+        current = self._current
+        if current is not None:
+            raise ModelBusy(
+                f"model {self.spec.name} is busy with another session"
+                + (" (waiting for its client to reconnect)"
+                   if current.info.state == SessionState.ORPHANED else ""),
+                retry_after_s=self._busy_for(current),
+            )
+        sid = session_id or secrets.token_urlsafe(16)
+        if sid in self._ended:
+            raise UnknownSession(self._ended[sid].ended_message())
         info = SessionInfo(
-            session_id=secrets.token_urlsafe(16),
-            state="created",
+            session_id=sid,
+            state=SessionState.CREATED,
             created_at=time.time(),
             extra_args=dict(extra_args),
         )
-        slot = self._current = _Slot(info)
+        factory = self._peer_factory or _default_peer_factory()
+        peer = factory(
+            self._host,
+            self._settings,
+            session_id=sid,
+            on_end=self._on_peer_end,
+            on_state=self._on_peer_state,
+        )
+        slot = self._current = _Slot(info, client or ClientIdentity(""), peer)
         self._arm_expiry(slot)
-        return info
+        return _snapshot(slot)
 
-    def get_session(self, session_id: str) -> SessionInfo:
-        return self._slot(session_id).info
+    async def get_session(self, session_id: str) -> SessionInfo:
+        return _snapshot(self._slot(session_id))
 
     def live_sessions(self) -> list[SessionInfo]:
-        return [self._current.info] if self._current is not None else []
+        return [_snapshot(self._current)] if self._current is not None else []
 
     async def submit_offer(
-        self, session_id: str, sdp_offer: str, track_mapping: list[dict[str, Any]]
+        self,
+        session_id: str,
+        sdp_offer: str,
+        track_mapping: list[dict[str, Any]],
+        connection_id: int | None = None,
     ) -> int:
-        slot = self._slot(session_id)
-        if slot is not self._current or slot.closing is not None:
-            raise UnknownSession(f"session {session_id} has ended")
-        if not isinstance(sdp_offer, str) or not sdp_offer.strip():
-            raise OfferRejected("sdp_offer must be a non-empty SDP string")
-        if slot.expiry is not None:
-            slot.expiry.cancel()
-            slot.expiry = None
-        if slot.peer is None:
-            factory = self._peer_factory or _default_peer_factory()
-            slot.peer = factory(
-                self._host, self._settings, session_id=session_id, on_end=self._on_peer_end
-            )
-            for candidates, is_final in slot.early_candidates:
-                await slot.peer.add_ice_candidates(candidates, is_final)
-            slot.early_candidates.clear()
-        if slot.info.state == "created":
-            slot.info.state = "connecting"
-        cid = next(self._ids)
-        task = asyncio.get_running_loop().create_task(
-            self._negotiate(slot, sdp_offer, track_mapping),
-            name=f"reactor-offer-{session_id}-{cid}",
+        slot = self._live_slot(session_id)
+        if connection_id is not None and (
+            not isinstance(connection_id, int) or not slot.knows(connection_id)
+        ):
+            raise UnknownSession(f"unknown connection {connection_id!r} for session {session_id}")
+        # A malformed offer is refused here (400) and changes nothing: no
+        # negotiation, the offer expiry keeps running.
+        slot.peer.validate_offer(sdp_offer, track_mapping)
+        cid = connection_id if connection_id is not None else next(slot.ids)
+        slot.registered.pop(cid, None)
+        self._cancel_expiry(slot)
+        task = self._spawn(
+            self._negotiate(slot, sdp_offer, track_mapping, cid),
+            name=f"reactor-offer-{cid}",
         )
         task.add_done_callback(_retrieve)
         # The newest offer is what a poll without a connection id sees from now on, so
         # a reconnect never hands out the previous connection's answer.
         slot.negotiations[cid] = task
+        slot.negotiations.move_to_end(cid)
         slot.latest = cid
         while len(slot.negotiations) > self.KEEP_NEGOTIATIONS:
             slot.negotiations.popitem(last=False)
         return cid
 
-    async def add_ice_candidates(
-        self, session_id: str, candidates: list[Any], is_final: bool
-    ) -> None:
-        slot = self._slot(session_id)
-        if slot is not self._current or slot.closing is not None:
-            raise UnknownSession(f"session {session_id} has ended")
-        if slot.peer is None:
-            slot.early_candidates.append((list(candidates), is_final))
-        else:
-            await slot.peer.add_ice_candidates(candidates, is_final)
+    async def register_connection(self, session_id: str) -> int:
+        slot = self._live_slot(session_id)
+        cid = next(slot.ids)
+        slot.registered[cid] = None
+        while len(slot.registered) > self.KEEP_REGISTERED:
+            slot.registered.popitem(last=False)
+        return cid
 
-    def poll_answer(self, session_id: str, connection_id: int | None) -> str | AnswerPending:
+    async def poll_answer(self, session_id: str, connection_id: int | None) -> str | AnswerPending:
         slot = self._slot(session_id)
+        ended = slot.info.state == SessionState.ENDED
         cid = slot.latest if connection_id is None else connection_id
-        if cid is None:
+        if cid is None or cid in slot.registered:
+            if ended:
+                raise UnknownSession(slot.ended_message())
             return AnswerPending({"status": "awaiting_offer"})
         task = slot.negotiations.get(cid)
         if task is None:
-            raise UnknownSession(f"unknown connection {cid} for session {session_id}")
+            raise UnknownSession(f"unknown connection {cid!r} for session {session_id}")
+        if ended:
+            # An answer to a session that is over would only mislead the client.
+            raise UnknownSession(slot.ended_message())
         if not task.done():
             return AnswerPending({"status": "pending"})
         if task.cancelled():
-            raise NegotiationFailed("the offer was abandoned: the session ended")
+            raise NegotiationFailed("the offer was abandoned")
         error = task.exception()
         if error is not None:
             # A fresh exception per poll: re-raising one object grows its traceback.
-            if isinstance(error, ModelBusy):
-                raise ModelBusy(str(error), error.retry_after_s)
             if isinstance(error, BackendError):
-                raise type(error)(str(error))
+                raise type(error)(str(error), error.retry_after_s)
             raise NegotiationFailed(str(error))
         return task.result()
 
+    async def add_ice_candidates(
+        self,
+        session_id: str,
+        connection_id: int | None,
+        candidates: list[Any],
+        is_final: bool,
+    ) -> None:
+        slot = self._live_slot(session_id)
+        if connection_id is not None and (
+            not isinstance(connection_id, int) or not slot.knows(connection_id)
+        ):
+            raise UnknownSession(f"unknown connection {connection_id!r} for session {session_id}")
+        # Parsed and checked at once: a malformed candidate is a 400 and nothing of
+        # its batch is kept, so it cannot poison a later offer.
+        await slot.peer.add_ice_candidates(candidates, is_final, connection_id=connection_id)
+
     async def stop_session(self, session_id: str) -> None:
+        await self.end_session(session_id, EndReason.CLIENT_CLOSED, None)
+
+    async def end_session(self, session_id: str, reason: str, message: str | None = None) -> None:
+        """End the session now with `reason` (sent as `sessionEnded{reason, message}`);
+        a no-op for an ended one. Raises UnknownSession."""
         slot = self._slot(session_id)
-        if slot.info.state == "ended":
+        if slot.info.state == SessionState.ENDED:
             return
-        await self._close(slot, "client_closed")
+        await self._close(slot, reason, message)
+
+    async def stop_unnamed(self, client: ClientIdentity) -> int:
+        slot = self._current
+        if slot is None or slot.client != client or slot.closing is not None:
+            return 0
+        matched = await slot.peer.request_stop_on_close(self.STOP_UNNAMED_WINDOW_S)
+        return 1 if matched else 0
+
+    async def describe_sessions(self) -> list[dict[str, Any]]:
+        slot = self._current
+        if slot is None:
+            return []
+        entry: dict[str, Any] = {
+            "session_id": mask_session_id(slot.info.session_id),
+            "state": slot.info.state,
+            "created_at": slot.info.created_at,
+            "connections": getattr(slot.peer, "connections", 0),
+            "where": "local",
+        }
+        if slot.info.state == SessionState.ORPHANED:
+            entry["reconnect_within_s"] = self._busy_for(slot)
+        return [entry]
+
+    async def health(self) -> dict[str, Any]:
+        report: dict[str, Any] = {
+            "healthy": self._host.healthy,
+            "live_sessions": 1 if self._current is not None else 0,
+            "model": self.spec.name,
+        }
+        if self._host.load_error is not None:
+            report["load_error"] = str(self._host.load_error)
+        return report
 
     def ice_servers(self) -> list[dict[str, Any]]:
         return client_ice_servers(self._settings.ice_servers)
 
+    # ---- for the Serve replica and operators ----------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The live session's numbers (fps, queue depth, ...), or {} with none."""
+        slot = self._current
+        if slot is None or slot.info.state in (SessionState.CREATED, SessionState.ENDED):
+            return {}
+        return slot.peer.stats()
+
+    async def wait_ended(self, session_id: str, timeout: float) -> bool:
+        """Wait up to `timeout` s for the session to end; whether it has."""
+        slot = self._slot(session_id)
+        if slot.info.state != SessionState.ENDED:
+            try:
+                await asyncio.wait_for(asyncio.shield(slot.peer.ended.wait()), timeout)
+            except asyncio.TimeoutError:
+                pass
+        return slot.info.state == SessionState.ENDED or slot.peer.ended.is_set()
+
     # ---- lifecycle -------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """End the live session, if any (server shutdown)."""
+        """End the live session, streaming or orphaned (server shutdown): its client
+        gets `sessionEnded{reason: "shutdown"}` before the transport closes."""
         slot = self._current
         if slot is not None:
-            await self._close(slot, "shutdown")
+            await self._close(slot, EndReason.SHUTDOWN, "the server is shutting down")
 
     # ---- internals -------------------------------------------------------------------
+
+    def _spawn(self, coro: Any, name: str | None = None) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def _slot(self, session_id: str) -> _Slot:
         current = self._current
         if current is not None and current.info.session_id == session_id:
             return current
-        slot = self._ended.get(session_id)
+        slot = self._ended.get(session_id) if isinstance(session_id, str) else None
         if slot is None:
-            raise UnknownSession(f"unknown session {session_id!r}")
+            raise UnknownSession(f"unknown session {str(session_id)[:64]!r}")
         return slot
 
-    async def _negotiate(self, slot: _Slot, sdp_offer: str, mapping: list[dict[str, Any]]) -> str:
+    def _live_slot(self, session_id: str) -> _Slot:
+        slot = self._slot(session_id)
+        if slot is not self._current or slot.info.state == SessionState.ENDED:
+            raise UnknownSession(slot.ended_message())
+        if slot.closing is not None:
+            raise UnknownSession(f"session {session_id} is ending")
+        return slot
+
+    def _busy_for(self, slot: _Slot) -> float | None:
+        """Retry-After for a new session while `slot` holds the model."""
+        if slot.info.state == SessionState.ORPHANED:
+            left = slot.peer.grace_remaining()
+            return None if left is None else max(1.0, round(left, 1))
+        if not slot.answered and slot.expires_at is not None:
+            return max(1.0, round(slot.expires_at - time.monotonic(), 1))
+        return None
+
+    async def _negotiate(
+        self, slot: _Slot, sdp_offer: str, mapping: list[dict[str, Any]], cid: int
+    ) -> str:
         from reactor_serve.runtime.host import SessionBusy
 
-        assert slot.peer is not None
         try:
-            answer = await slot.peer.answer(sdp_offer, mapping)
-        except (OfferRejected, SessionBusy) as exc:
+            answer = await slot.peer.answer(sdp_offer, mapping, connection_id=cid)
+        except (BackendError, SessionBusy) as exc:
             # The session may still get a good offer; if none comes, let it expire.
             if not slot.answered and slot is self._current and slot.closing is None:
                 self._arm_expiry(slot)
@@ -263,83 +415,96 @@ class LocalBackend:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("session %s: answering the offer failed", slot.info.session_id)
-            if slot.closing is None and slot.info.state != "ended":
-                slot.closing = asyncio.get_running_loop().create_task(self._finish(slot, "error"))
-            raise NegotiationFailed(f"could not answer the offer: {type(exc).__name__}: {exc}") from exc
+            log.exception("session %s: answering the offer failed", mask_session_id(slot.info.session_id))
+            message = f"could not answer the offer: {type(exc).__name__}: {exc}"
+            if slot.closing is None and slot.info.state != SessionState.ENDED:
+                slot.closing = self._spawn(self._finish(slot, EndReason.ERROR, message))
+            raise NegotiationFailed(message) from exc
         slot.answered = True
-        if slot.info.state == "connecting":
-            slot.info.state = "live"
         return answer
 
     def _arm_expiry(self, slot: _Slot) -> None:
-        if slot.expiry is not None:
-            slot.expiry.cancel()
+        self._cancel_expiry(slot)
         loop = asyncio.get_running_loop()
+        slot.expires_at = time.monotonic() + self._offer_timeout_s
         slot.expiry = loop.call_later(self._offer_timeout_s, self._expire, slot)
 
+    @staticmethod
+    def _cancel_expiry(slot: _Slot) -> None:
+        if slot.expiry is not None:
+            slot.expiry.cancel()
+        slot.expiry = slot.expires_at = None
+
     def _expire(self, slot: _Slot) -> None:
-        slot.expiry = None
+        slot.expiry = slot.expires_at = None
         if slot is not self._current or slot.answered or slot.closing is not None:
             return
         if any(not task.done() for task in slot.negotiations.values()):
             return  # its outcome re-arms the expiry if it fails
         log.info("session %s got no usable offer within %.0f s; ending it",
-                 slot.info.session_id, self._offer_timeout_s)
-        slot.closing = asyncio.get_running_loop().create_task(self._finish(slot, "timeout"))
+                 mask_session_id(slot.info.session_id), self._offer_timeout_s)
+        slot.closing = self._spawn(
+            self._finish(
+                slot, EndReason.TIMEOUT, f"no usable offer within {self._offer_timeout_s:g} s"
+            )
+        )
 
-    async def _close(self, slot: _Slot, reason: str) -> None:
+    async def _close(self, slot: _Slot, reason: str, message: str | None) -> None:
         if slot.closing is None:
-            slot.closing = asyncio.get_running_loop().create_task(self._finish(slot, reason))
+            slot.closing = self._spawn(self._finish(slot, reason, message))
         # Shielded: a client that hangs up mid-stop must not leave the slot half-closed.
         await asyncio.shield(slot.closing)
 
-    async def _finish(self, slot: _Slot, reason: str) -> None:
-        if slot.expiry is not None:
-            slot.expiry.cancel()
-            slot.expiry = None
-        # Let an offer being answered finish: cancelling it could leave the model
-        # session it is opening with nobody to close it.
-        pending = [t for t in slot.negotiations.values() if not t.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=self.NEGOTIATION_DRAIN_S)
-        if slot.peer is not None:
-            try:
-                await slot.peer.close(reason)
-            except Exception:
-                log.exception("session %s: closing its peer failed", slot.info.session_id)
-        self._release(slot)
-
-    def _on_peer_end(self, peer: PeerSession) -> None:
-        # The peer ended on its own (client gone, watchdog, model ended or failed) or
-        # because we closed it; either way the model is free again.
-        loop = self._loop
+    async def _finish(self, slot: _Slot, reason: str, message: str | None) -> None:
+        self._cancel_expiry(slot)
         try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if loop is not None and running is not loop:
-            loop.call_soon_threadsafe(self._peer_ended, peer)
-        else:
-            self._peer_ended(peer)
-
-    def _peer_ended(self, peer: PeerSession) -> None:
-        slot = self._current
-        if slot is not None and slot.peer is peer:
-            log.info("session %s ended: %s", slot.info.session_id, peer.end_reason)
+            # The peer ends whatever it is doing, an offer being answered included,
+            # and bounds every wait of its own.
+            await slot.peer.close(reason, message)
+        except Exception:
+            log.exception("session %s: closing its peer failed", mask_session_id(slot.info.session_id))
+        for task in slot.negotiations.values():
+            if not task.done():
+                task.cancel()
+        if slot.info.state != SessionState.ENDED:
+            slot.info.end_reason = slot.info.end_reason or reason
+            slot.info.end_message = slot.info.end_message or message
             self._release(slot)
 
+    def _slot_of(self, peer: PeerSession) -> _Slot | None:
+        slot = self._current
+        return slot if slot is not None and slot.peer is peer else None
+
+    def _on_peer_state(self, peer: PeerSession, state: str) -> None:
+        slot = self._slot_of(peer)
+        if slot is not None and state != SessionState.ENDED:
+            slot.info.state = state
+
+    def _on_peer_end(self, peer: PeerSession) -> None:
+        # The peer ended on its own (client gone past the grace, watchdog, model ended
+        # or failed) or because we closed it; either way the model is free again.
+        slot = self._slot_of(peer)
+        if slot is None:
+            return
+        slot.info.end_reason = peer.end_reason
+        slot.info.end_message = peer.end_detail
+        log.info("session %s ended: %s", mask_session_id(slot.info.session_id), peer.end_reason)
+        self._release(slot)
+
     def _release(self, slot: _Slot) -> None:
-        if slot.expiry is not None:
-            slot.expiry.cancel()
-            slot.expiry = None
-        slot.info.state = "ended"
+        self._cancel_expiry(slot)
+        slot.info.state = SessionState.ENDED
         if self._current is slot:
             self._current = None
         self._ended[slot.info.session_id] = slot
         self._ended.move_to_end(slot.info.session_id)
         while len(self._ended) > self.KEEP_ENDED:
             self._ended.popitem(last=False)
+
+
+def _snapshot(slot: _Slot) -> SessionInfo:
+    # A copy: callers must not see (or make) later changes to the live record.
+    return dataclasses.replace(slot.info, extra_args=dict(slot.info.extra_args))
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

@@ -122,6 +122,8 @@ class PeerSession:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._opening: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
+        # Why the session is ending, from the moment `close()` is called.
+        self._closing_for: tuple[str | None, str | None] = (None, None)
         self._watchdog_task: asyncio.Task[None] | None = None
         self._stats_task: asyncio.Task[None] | None = None
         self._grace_task: asyncio.Task[None] | None = None
@@ -167,9 +169,12 @@ class PeerSession:
 
     def ended_message(self) -> str:
         """What a client asking about this ended session is told."""
-        why = self.end_reason or "unknown reason"
-        if self.end_detail:
-            why += f": {self.end_detail}"
+        reason, detail = (
+            (self.end_reason, self.end_detail) if self.end_reason else self._closing_for
+        )
+        why = reason or "unknown reason"
+        if detail:
+            why += f": {detail}"
         return f"session {self.id} has ended ({why})"
 
     def _set_state(self, state: str) -> None:
@@ -285,6 +290,7 @@ class PeerSession:
                     exc, Exception
                 ):
                     raise
+                self._raise_if_ended()  # closed under us: say so, not "bad offer"
                 raise OfferRejected(f"could not negotiate the offer: {exc}") from exc
             self._install(pc, tracks, inputs)
             return pc.localDescription.sdp
@@ -606,6 +612,7 @@ class PeerSession:
         if self.ended.is_set():
             return
         if self._closing is None:
+            self._closing_for = (reason, message)
             self._closing = self._spawn(self._close(reason, message))
         await asyncio.shield(self._closing)
 

@@ -1,0 +1,798 @@
+"""A session's life on one host: created -> waiting -> streaming -> orphaned -> ended.
+
+PeerSession and LocalBackend over real aiortc peers on 127.0.0.1, plus the runtime's
+side (input buffers per session, the bounded command queue). Grace windows are short
+(1 to 2 s) to keep the tests quick; nothing here asserts a speed.
+"""
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from aiortc import RTCPeerConnection
+from conftest import connected
+
+from reactor_serve.client.peer import ClientPeer
+from reactor_serve.interface import (
+    Input,
+    InputField,
+    InputState,
+    Output,
+    ReactorModel,
+    ReactorPipeline,
+    Video,
+    VideoModel,
+    connected as on_connect,
+    disconnected as on_disconnect,
+    event,
+    get_ctx,
+)
+from reactor_serve.runtime.input_buffer import InputBuffer
+from reactor_serve.scaffold import init_model
+from reactor_serve.webrtc import schema
+from reactor_serve.webrtc.backend import (
+    ClientIdentity,
+    ModelBusy,
+    OfferRejected,
+    SessionState,
+    UnknownSession,
+)
+from reactor_serve.webrtc.devserver import LocalBackend, create_app
+from reactor_serve.webrtc.peer import PeerSession, parse_candidates
+from reactor_serve.webrtc.settings import WebRTCSettings, WebRTCSettingsError
+
+
+# --------------------------------------------------------------------------- models
+
+
+@dataclass
+class Out(Output):
+    main_video: Video
+
+
+@dataclass
+class LevelState(InputState):
+    level: int = InputField(default=200, ge=0, le=255)
+
+
+class Level(ReactorModel):
+    """Emits flat frames of `state.level` as fast as the output buffer takes them, and
+    counts its hooks."""
+
+    state: LevelState
+    output: Out
+    fps = 30
+    # A deep queue: a stale backlog would show for a full second.
+    buffer_size = 30
+
+    def load(self, config):
+        self.connects = 0
+        self.disconnects = 0
+        self.connect_delay = 0.0
+
+    @on_connect
+    async def hello(self):
+        self.connects += 1
+        await asyncio.sleep(self.connect_delay)
+
+    @on_disconnect
+    def bye(self):
+        self.disconnects += 1
+
+    async def run(self):
+        while True:
+            await self.connected.wait()
+            while self.connected.is_set():
+                image = np.full((64, 64, 3), self.state.level, np.uint8)
+                await self.emit(Out(main_video=image))
+
+
+def settings(**kw):
+    return WebRTCSettings(loopback_candidates=True, **kw)
+
+
+async def wait_until(predicate, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def frames_after(client, count, timeout=10.0):
+    start = client.frames_received
+    await client.wait_for(lambda: client.frames_received >= start + count, timeout, "frames")
+    return client.video["main_video"][-1]
+
+
+def ended_messages(client):
+    return [m["data"]["data"] for m in client.messages if m["data"]["type"] == "sessionEnded"]
+
+
+@pytest.fixture
+async def clients():
+    made = []
+
+    def make(host, **kw):
+        client = ClientPeer(schema.capabilities(host.spec), **kw)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.close()
+
+
+@pytest.fixture
+async def peers():
+    made = []
+
+    def make(host, settings_, **kw):
+        peer = PeerSession(host, settings_, **kw)
+        made.append(peer)
+        return peer
+
+    yield make
+    for peer in made:
+        await peer.close()
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def test_reconnect_grace_setting_defaults_and_validates():
+    assert WebRTCSettings().reconnect_grace_s == 30
+    assert WebRTCSettings.from_config({"webrtc": {"reconnect_grace_s": 0}}).reconnect_grace_s == 0
+    with pytest.raises(WebRTCSettingsError, match="reconnect_grace_s"):
+        WebRTCSettings.from_config({"webrtc": {"reconnect_grace_s": -1}})
+
+
+# --------------------------------------------------------------------------- PeerSession
+
+
+async def test_lost_transport_orphans_and_a_new_offer_resumes_with_state(host_of, peers, clients):
+    host = host_of(Level)
+    states = []
+    peer = peers(host, settings(reconnect_grace_s=5), on_state=lambda p, s: states.append(s))
+    assert peer.state == SessionState.CREATED
+    first = clients(host)
+    await first.connect(peer.answer)
+    assert peer.state == SessionState.STREAMING
+    first.send_command("set_level", {"level": 120})
+    await wait_until(lambda: host.model.state.level == 120, what="the command")
+    await frames_after(first, 2)
+
+    await first.close()  # no stop_session: a network blip until proven otherwise
+    await wait_until(lambda: peer.state == SessionState.ORPHANED, what="orphaned")
+    assert not peer.ended.is_set() and host.session is peer.session
+    assert host.model.disconnects == 0  # the model is not told
+    assert 0 < peer.grace_remaining() <= 5
+    # Output pauses: nothing is presented, the bounded buffer fills, emit waits.
+    await wait_until(lambda: host.output_buffer.depth() == host.output_buffer.capacity,
+                     what="a full output buffer")
+    presented = peer.session.clock.presented
+    await asyncio.sleep(0.3)
+    assert peer.session.clock.presented == presented
+
+    second = clients(host)
+    await second.connect(peer.answer)  # the JS SDK's reconnect(): a new offer
+    assert peer.state == SessionState.STREAMING
+    await frames_after(second, 3)
+    assert peer.session.clock.presented > presented
+    assert host.model.state.level == 120 and host.model.connects == 1
+    assert host.model.disconnects == 0 and peer.connections == 2
+    assert states == ["waiting", "streaming", "orphaned", "streaming"]
+
+
+async def test_resume_presents_fresh_frames_not_the_backlog(host_of, peers, clients):
+    host = host_of(Level)
+    peer = peers(host, settings(reconnect_grace_s=5))
+    first = clients(host)
+    await first.connect(peer.answer)
+    frame = await frames_after(first, 3)
+    assert frame.image.mean() > 150
+    await first.close()
+    await wait_until(lambda: peer.state == SessionState.ORPHANED, what="orphaned")
+    await wait_until(lambda: host.output_buffer.depth() == host.output_buffer.capacity,
+                     what="a backlog of bright frames")
+    host.model.state.level = 60  # what the model makes from now on
+    second = clients(host)
+    await second.connect(peer.answer)
+    await second.wait_for(lambda: len(second.video.get("main_video", ())) >= 8, 10, "frames")
+    means = [f.image.mean() for f in list(second.video["main_video"])[:8]]
+    # The 30 queued bright frames are dropped: fresh (level 60) frames come within a
+    # few frames, and the last frame is held meanwhile (never a black flash).
+    assert any(40 < m < 80 for m in means), means
+    assert all(m > 30 for m in means), means
+
+
+async def test_orphaned_session_ends_after_the_grace_and_runs_disconnected(host_of, peers, clients):
+    host = host_of(Level)
+    peer = peers(host, settings(reconnect_grace_s=1))
+    client = clients(host)
+    await client.connect(peer.answer)
+    await frames_after(client, 2)
+    await client.close()
+    await asyncio.wait_for(peer.ended.wait(), 10)
+    assert peer.state == SessionState.ENDED
+    assert peer.end_reason == "timeout"
+    assert peer.end_detail == "the client did not reconnect within 1 s"
+    assert host.model.disconnects == 1 and host.session is None
+    late = clients(host)
+    with pytest.raises(UnknownSession, match=r"ended \(timeout: the client did not reconnect"):
+        await late.connect(peer.answer)
+
+
+async def test_silent_client_is_orphaned_by_the_watchdog(host_of, peers, clients):
+    host = host_of(Level)
+    peer = peers(host, settings(reconnect_grace_s=1, idle_timeout_s=0.5))
+    client = clients(host)
+    client._ping = _no_ping.__get__(client)  # a client that has gone silent
+    await client.connect(peer.answer)
+    await wait_until(lambda: peer.state == SessionState.ORPHANED, what="orphaned")
+    assert host.model.disconnects == 0
+    await asyncio.wait_for(peer.ended.wait(), 10)
+    assert peer.end_reason == "timeout" and "did not reconnect" in peer.end_detail
+
+
+async def _no_ping(self):
+    return None
+
+
+async def test_close_sends_session_ended_with_reason_and_message(host_of, peers, clients):
+    host = host_of(Level)
+    peer = peers(host, settings())
+    client = clients(host)
+    await client.connect(peer.answer)
+    await frames_after(client, 2)
+    await peer.close("timeout", "the session reached its longest allowed time (60 s)")
+    await client.wait_for(lambda: ended_messages(client), 10, "sessionEnded")
+    assert ended_messages(client) == [
+        {"reason": "timeout", "message": "the session reached its longest allowed time (60 s)"}
+    ]
+    assert peer.state == SessionState.ENDED and host.model.disconnects == 1
+    await peer.close()  # again: nothing happens
+
+
+async def test_close_of_an_orphaned_session_is_recorded(host_of, peers, clients):
+    host = host_of(Level)
+    peer = peers(host, settings(reconnect_grace_s=30))
+    client = clients(host)
+    await client.connect(peer.answer)
+    await client.close()
+    await wait_until(lambda: peer.state == SessionState.ORPHANED, what="orphaned")
+    await asyncio.wait_for(peer.close("shutdown", "the server is shutting down"), 15)
+    assert (peer.end_reason, peer.end_detail) == ("shutdown", "the server is shutting down")
+    assert host.model.disconnects == 1 and host.session is None
+
+
+async def test_stop_on_close_ends_instead_of_orphaning(host_of, peers, clients):
+    host = host_of(Level)
+    peer = peers(host, settings(reconnect_grace_s=30))
+    client = clients(host)
+    await client.connect(peer.answer)
+    assert await peer.request_stop_on_close(5.0)
+    await client.close()
+    await asyncio.wait_for(peer.ended.wait(), 10)
+    assert peer.end_reason == "client_closed"
+    assert await peer.request_stop_on_close(5.0) is False  # ended: nothing to match
+
+
+async def test_stop_on_close_of_a_just_orphaned_session_ends_it_now(host_of, peers, clients):
+    host = host_of(Level)
+    recent = peers(host, settings(reconnect_grace_s=30))
+    client = clients(host)
+    await client.connect(recent.answer)
+    await client.close()
+    await wait_until(lambda: recent.state == SessionState.ORPHANED, what="orphaned")
+    await asyncio.sleep(0.4)
+    # Orphaned longer ago than the window: not this stop's session; it stays.
+    assert await recent.request_stop_on_close(0.2) is False
+    assert recent.state == SessionState.ORPHANED
+    assert await recent.request_stop_on_close(5.0) is True
+    assert recent.ended.is_set() and recent.end_reason == "client_closed"
+
+
+async def test_output_failure_ends_the_session_with_an_error(host_of, peers, clients):
+    host = host_of(Level)
+    peer = peers(host, settings())
+    client = clients(host)
+    await client.connect(peer.answer)
+    await frames_after(client, 2)
+
+    async def broken():
+        raise RuntimeError("encoder exploded")
+
+    peer._fanout.pause()
+    peer._fanout.clock.next_frame = broken
+    peer._fanout.start()
+    await asyncio.wait_for(peer.ended.wait(), 10)
+    assert peer.end_reason == "error" and "encoder exploded" in peer.end_detail
+    await client.wait_for(lambda: ended_messages(client), 10, "sessionEnded")
+    assert ended_messages(client)[0]["reason"] == "error"
+    assert host.session is None and host.model.disconnects == 1
+
+
+async def test_close_is_bounded_when_the_model_thread_is_stuck(host_of, peers, clients):
+    host = host_of(Level)
+    peer = peers(host, settings())
+    peer.CLOSE_TIMEOUT_S = 0.5
+    client = clients(host)
+    await client.connect(peer.answer)
+    await frames_after(client, 2)
+    release = threading.Event()
+    host._thread.call_soon(release.wait, 30)  # a forward pass that never returns
+    try:
+        await asyncio.wait_for(peer.close(), 10)
+        assert peer.ended.is_set() and not release.is_set()
+        # The model could not say it; the peer did.
+        await client.wait_for(lambda: ended_messages(client), 10, "sessionEnded")
+        assert ended_messages(client)[0]["reason"] == "client_closed"
+    finally:
+        release.set()
+    await wait_until(lambda: host.session is None, what="the model to catch up")
+
+
+async def test_close_is_bounded_when_the_model_thread_is_gone(host_of, peers, clients):
+    host = host_of(Level)
+    peer = peers(host, settings())
+    client = clients(host)
+    await client.connect(peer.answer)
+    await frames_after(client, 2)
+    host._thread.stop(5)
+    await asyncio.wait_for(peer.close(), 20)
+    assert peer.ended.is_set() and peer.end_reason == "client_closed"
+
+
+async def test_cancelled_first_offer_leaves_no_half_open_session(host_of, peers, clients):
+    host = host_of(Level)
+    host.model.connect_delay = 0.5  # a slow @connected: the offer is cancelled during it
+    peer = peers(host, settings())
+    client = clients(host)
+    offers = []
+
+    async def signal(sdp, mapping):
+        task = asyncio.ensure_future(peer.answer(sdp, mapping))
+        offers.append(task)
+        await asyncio.sleep(0.1)
+        task.cancel()  # the client hung up mid-request
+        return await task
+
+    with pytest.raises(asyncio.CancelledError):
+        await client.connect(signal)
+    await asyncio.wait_for(peer.ended.wait(), 10)
+    await wait_until(lambda: host.session is None, what="the host to be free")
+    assert all(conn.pc is None for conn in peer._connections_by_id.values())
+    host.model.connect_delay = 0.0
+    again = peers(host, settings())
+    other = clients(host)
+    await other.connect(again.answer)
+    await frames_after(other, 2)
+
+
+async def test_close_during_answer_leaves_nothing_behind(host_of, peers, clients, monkeypatch):
+    host = host_of(Level)
+    peer = peers(host, settings())
+    client = clients(host)
+    created = []
+    original = RTCPeerConnection.setLocalDescription
+
+    async def slow_local(self, description):
+        if description.type == "answer":
+            created.append(self)
+            await peer.close()  # stop_session arrives while the answer gathers
+        return await original(self, description)
+
+    monkeypatch.setattr(RTCPeerConnection, "setLocalDescription", slow_local)
+    with pytest.raises(UnknownSession, match="ended"):
+        await client.connect(peer.answer)
+    monkeypatch.undo()
+    assert created and created[0].connectionState == "closed"
+    assert host.session is None and peer.end_reason == "client_closed"
+
+
+async def test_candidates_trickled_while_the_answer_gathers_are_kept(host_of, peers, clients, monkeypatch):
+    host = host_of(Level)
+    peer = peers(host, settings())
+    client = clients(host)
+    gathering = asyncio.Event()
+    go_on = asyncio.Event()
+    original = RTCPeerConnection.setLocalDescription
+
+    async def gated(self, description):
+        if description.type == "answer":  # the server's side, not the client's offer
+            gathering.set()
+            await go_on.wait()
+        return await original(self, description)
+
+    monkeypatch.setattr(RTCPeerConnection, "setLocalDescription", gated)
+
+    async def signal(sdp, mapping):
+        kept, trickled = _strip_candidates(sdp)
+        answer = asyncio.ensure_future(peer.answer(kept, mapping, connection_id=7))
+        await gathering.wait()
+        await peer.add_ice_candidates(trickled, is_final=True, connection_id=7)
+        go_on.set()
+        return await answer
+
+    await client.connect(signal)
+    monkeypatch.undo()
+    await frames_after(client, 2)
+
+
+def _strip_candidates(sdp):
+    mid, kept, trickled = None, [], []
+    for line in sdp.splitlines():
+        if line.startswith("a=mid:"):
+            mid = line[len("a=mid:"):]
+        if line.startswith("a=candidate:"):
+            trickled.append({"candidate": line[2:], "sdpMid": mid})
+        elif line != "a=end-of-candidates":
+            kept.append(line)
+    assert trickled
+    return "\r\n".join(kept) + "\r\n", trickled
+
+
+@pytest.mark.parametrize(
+    "candidate, problem",
+    [
+        ({"candidate": "candidate:1 1 udp 1 10.0.0.1 9 typ host", "sdpMLineIndex": "abc"},
+         "sdpMLineIndex"),
+        ({"candidate": "candidate:1 1 udp 1 10.0.0.1 9 typ host", "sdpMLineIndex": True},
+         "sdpMLineIndex"),
+        ({"candidate": "candidate:1 1 udp 1 10.0.0.1 9 typ host", "sdpMid": 5}, "sdpMid"),
+        (42, "must be an object"),
+        ({"candidate": ["x"]}, "must be a string"),
+        ({"candidate": "candidate:" + "1" * 5000}, "too long"),
+        ({"candidate": "candidate:nonsense"}, "not an ICE candidate"),
+    ],
+)
+def test_malformed_candidates_are_rejected_by_name(candidate, problem):
+    with pytest.raises(OfferRejected, match=problem):
+        parse_candidates([candidate])
+
+
+def test_candidates_must_be_a_short_list():
+    with pytest.raises(OfferRejected, match="list"):
+        parse_candidates({"candidate": "x"})
+    with pytest.raises(OfferRejected, match="too many"):
+        parse_candidates([""] * 1000)
+    assert parse_candidates([], is_final=True) == [None]
+
+
+# --------------------------------------------------------------------------- LocalBackend
+
+
+def backend_signal(backend, sid, connection_id=None, trickle=False):
+    async def signal(sdp, mapping):
+        candidates = []
+        if trickle:
+            sdp, candidates = _strip_candidates(sdp)
+        cid = await backend.submit_offer(sid, sdp, mapping, connection_id)
+        if candidates:
+            await backend.add_ice_candidates(sid, cid, candidates, True)
+        for _ in range(500):
+            result = await backend.poll_answer(sid, cid)
+            if isinstance(result, str):
+                return result
+            await asyncio.sleep(0.02)
+        raise AssertionError("no answer")
+
+    return signal
+
+
+ME = ClientIdentity.of("127.0.0.1", "http://localhost", "test")
+SOMEONE_ELSE = ClientIdentity.of("127.0.0.2", None, "other")
+
+
+@pytest.fixture
+async def backends():
+    made = []
+
+    def make(host, **kw):
+        grace = kw.pop("grace", 30)
+        backend = LocalBackend(host, settings(reconnect_grace_s=grace), **kw)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        await backend.aclose()
+
+
+async def test_backend_orphaned_session_holds_the_slot_then_resumes(host_of, backends, clients):
+    host = host_of(Level)
+    backend = backends(host, grace=5)
+    info = await backend.create_session({"a": 1}, ME)
+    sid = info.session_id
+    assert info.state == "created" and len(sid) >= 16
+    first = clients(host)
+    await first.connect(backend_signal(backend, sid))
+    assert (await backend.get_session(sid)).state == "streaming"
+    await frames_after(first, 2)
+    await first.close()
+    await wait_until(lambda: backend.live_sessions()[0].state == "orphaned", what="orphaned")
+
+    with pytest.raises(ModelBusy, match="reconnect") as busy:
+        await backend.create_session({}, SOMEONE_ELSE)
+    assert 0 < busy.value.retry_after_s <= 5
+    assert busy.value.status == 409
+    described = await backend.describe_sessions()
+    assert described[0]["state"] == "orphaned"
+    assert described[0]["session_id"] == sid[:4] + "…" and sid not in str(described)
+    assert (await backend.health())["live_sessions"] == 1
+
+    second = clients(host)
+    await second.connect(backend_signal(backend, sid))  # PUT sdp_params
+    await frames_after(second, 2)
+    assert (await backend.get_session(sid)).state == "streaming"
+    assert host.model.disconnects == 0
+
+
+async def test_backend_grace_end_is_remembered_with_its_reason(host_of, backends, clients):
+    host = host_of(Level)
+    backend = backends(host, grace=1)
+    sid = (await backend.create_session({}, ME)).session_id
+    client = clients(host)
+    await client.connect(backend_signal(backend, sid))
+    await client.close()
+    await wait_until(lambda: not backend.live_sessions(), what="the end of the grace")
+    info = await backend.get_session(sid)
+    assert (info.state, info.end_reason) == ("ended", "timeout")
+    assert info.end_message == "the client did not reconnect within 1 s"
+    with pytest.raises(UnknownSession, match=r"has ended \(timeout: the client did not reconnect"):
+        await backend.submit_offer(sid, "v=0", [])
+    with pytest.raises(UnknownSession, match="ended"):
+        await backend.poll_answer(sid, None)
+    await backend.stop_session(sid)  # a late stop: harmless
+    assert (await backend.health())["live_sessions"] == 0
+    await backend.create_session({}, ME)
+
+
+async def test_backend_stop_unnamed_matches_only_its_client(host_of, backends, clients):
+    host = host_of(Level)
+    backend = backends(host)
+    sid = (await backend.create_session({}, ME)).session_id
+    client = clients(host)
+    await client.connect(backend_signal(backend, sid))
+    assert await backend.stop_unnamed(SOMEONE_ELSE) == 0
+    assert await backend.stop_unnamed(ME) == 1
+    assert (await backend.get_session(sid)).state == "streaming"  # not on a guess
+    await client.close()  # the JS SDK closes its connection right after
+    await wait_until(lambda: not backend.live_sessions(), what="the end")
+    info = await backend.get_session(sid)
+    assert info.end_reason == "client_closed"
+
+
+async def test_backend_stop_unnamed_ends_a_just_orphaned_session(host_of, backends, clients):
+    host = host_of(Level)
+    backend = backends(host)
+    sid = (await backend.create_session({}, ME)).session_id
+    client = clients(host)
+    await client.connect(backend_signal(backend, sid))
+    await client.close()
+    await wait_until(lambda: backend.live_sessions()[0].state == "orphaned", what="orphaned")
+    assert await backend.stop_unnamed(SOMEONE_ELSE) == 0
+    assert backend.live_sessions()[0].state == "orphaned"
+    assert await backend.stop_unnamed(ME) == 1
+    info = await backend.get_session(sid)
+    assert (info.state, info.end_reason) == ("ended", "client_closed")
+
+
+async def test_backend_bad_candidate_is_400_and_does_not_poison(host_of, backends, clients):
+    host = host_of(Level)
+    backend = backends(host, offer_timeout_s=1.0)
+    sid = (await backend.create_session({}, ME)).session_id
+    bad = {"candidate": "candidate:1 1 udp 1 10.0.0.1 9 typ host", "sdpMLineIndex": "abc"}
+    for batch in ([bad], [42], [{"candidate": "candidate:" + "9" * 5000}]):
+        with pytest.raises(OfferRejected) as rejected:
+            await backend.add_ice_candidates(sid, None, batch, False)
+        assert rejected.value.status == 400
+    client = clients(host)
+    await client.connect(backend_signal(backend, sid))  # the offer still works
+    await frames_after(client, 2)
+    await backend.stop_session(sid)
+
+    # A bad candidate and then no offer: the session still expires, the next client
+    # gets the model.
+    sid2 = (await backend.create_session({}, ME)).session_id
+    with pytest.raises(OfferRejected):
+        await backend.add_ice_candidates(sid2, None, [bad], False)
+    await wait_until(lambda: not backend.live_sessions(), what="the offer expiry")
+    assert (await backend.get_session(sid2)).end_reason == "timeout"
+    await backend.create_session({}, ME)
+
+
+async def test_backend_registered_connection_with_trickled_candidates(host_of, backends, clients):
+    host = host_of(Level)
+    backend = backends(host)
+    sid = (await backend.create_session({}, ME)).session_id
+    cid = await backend.register_connection(sid)
+    assert cid == 1
+    assert (await backend.poll_answer(sid, cid)).status == {"status": "awaiting_offer"}
+    with pytest.raises(UnknownSession, match="unknown connection"):
+        await backend.add_ice_candidates(sid, 99, [], True)
+    with pytest.raises(UnknownSession, match="unknown connection"):
+        await backend.submit_offer(sid, "v=0\r\n", [], 99)
+    client = clients(host)
+    await client.connect(backend_signal(backend, sid, connection_id=cid, trickle=True))
+    await frames_after(client, 2)
+    assert backend.stats()["presented"] > 0
+
+
+async def test_backend_malformed_offer_is_rejected_at_once(host_of, backends):
+    host = host_of(Level)
+    backend = backends(host)
+    sid = (await backend.create_session({}, ME)).session_id
+    with pytest.raises(OfferRejected, match="SDP"):
+        await backend.submit_offer(sid, "garbage", [])
+    assert backend.live_sessions()[0].state == "created"
+
+
+async def test_backend_stop_during_answer_frees_the_model(host_of, backends, clients):
+    host = host_of(Level)
+    host.model.connect_delay = 0.5
+    backend = backends(host)
+    sid = (await backend.create_session({}, ME)).session_id
+    client = clients(host)
+
+    async def signal(sdp, mapping):
+        await backend.submit_offer(sid, sdp, mapping)
+        await asyncio.sleep(0.1)
+        await backend.stop_session(sid)  # while @connected runs
+        return await backend_signal(backend, sid)(sdp, mapping)
+
+    with pytest.raises(UnknownSession, match="ended"):
+        await client.connect(signal)
+    assert (await backend.get_session(sid)).end_reason == "client_closed"
+    await wait_until(lambda: host.session is None, what="the host to be free")
+    host.model.connect_delay = 0.0
+    sid2 = (await backend.create_session({}, ME)).session_id
+    other = clients(host)
+    await other.connect(backend_signal(backend, sid2))
+    await frames_after(other, 2)
+
+
+@pytest.fixture
+def gradient_dir(tmp_path):
+    init_model(tmp_path / "gradient", "gradient")
+    return tmp_path / "gradient"
+
+
+async def test_shutdown_ends_streaming_and_orphaned_sessions_with_shutdown(gradient_dir, clients):
+    app = create_app(gradient_dir, settings_override={"loopback_candidates": True})
+    async with app.router.lifespan_context(app):
+        backend = app.state.backend
+        host = app.state.host
+        sid = (await backend.create_session({}, ME)).session_id
+        client = clients(host)
+        await client.connect(backend_signal(backend, sid))
+        await frames_after(client, 2)
+    await client.wait_for(lambda: ended_messages(client), 10, "sessionEnded")
+    assert ended_messages(client)[0] == {"reason": "shutdown", "message": "the server is shutting down"}
+    assert (await backend.get_session(sid)).end_reason == "shutdown"
+
+    app = create_app(gradient_dir, settings_override={"loopback_candidates": True})
+    async with app.router.lifespan_context(app):
+        backend = app.state.backend
+        sid = (await backend.create_session({}, ME)).session_id
+        client = clients(app.state.host)
+        await client.connect(backend_signal(backend, sid))
+        await client.close()
+        await wait_until(lambda: backend.live_sessions()[0].state == "orphaned", what="orphaned")
+    info = await backend.get_session(sid)
+    assert (info.state, info.end_reason) == ("ended", "shutdown")
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+@dataclass
+class CameraIn(Input):
+    camera: Video
+
+
+class CameraPipeline(ReactorPipeline):
+    input: CameraIn
+    output: Out
+
+    def inference(self):
+        while True:
+            yield None  # idle: never reads, so pushed frames stay queued
+
+
+class CameraModel(ReactorModel):
+    input: CameraIn
+    output: Out
+
+    async def run(self):
+        while True:
+            await asyncio.sleep(0.05)
+
+
+class CameraLegacy(VideoModel):
+    input: CameraIn
+
+    def start_session(self):
+        while not get_ctx().should_stop():
+            time.sleep(0.01)
+
+
+@pytest.mark.parametrize("model", [CameraPipeline, CameraModel, CameraLegacy])
+async def test_leftover_input_frames_never_reach_the_next_session(host_of, model):
+    host = host_of(model)
+    buffer = host.input_buffers["camera"]
+    frame = np.full((8, 8, 3), 7, np.uint8)
+    async with connected(host) as first:
+        for _ in range(3):
+            first.send_frame("camera", frame)
+        assert len(buffer) == 3
+        old = first.session
+    old.push_input("camera", frame)  # in flight when the session ended
+    async with connected(host) as second:
+        assert len(buffer) == 0 and not buffer.closed
+        old.push_input("camera", frame)
+        buffer.push(frame, owner=old)  # even past the session's own checks
+        assert len(buffer) == 0
+        second.send_frame("camera", frame)
+        assert len(buffer) == 1
+
+
+def test_input_buffer_takes_frames_from_its_session_only():
+    buffer = InputBuffer("camera")
+    a, b = object(), object()
+    frame = np.zeros((4, 4, 3), np.uint8)
+    buffer.attach(a)
+    buffer.push(frame, owner=b)
+    assert len(buffer) == 0
+    buffer.push(frame, owner=a)
+    assert len(buffer) == 1
+    buffer.detach()
+    assert len(buffer) == 0 and not buffer.closed
+    buffer.push(frame, owner=a)
+    assert len(buffer) == 0
+    # The reference's own cleanup still works: close() ends reads, reset() reopens.
+    buffer.attach(b)
+    buffer.close()
+    buffer.push(frame, owner=b)
+    assert len(buffer) == 0
+    buffer.reset()
+    buffer.push(frame, owner=b)
+    assert len(buffer) == 1
+
+
+class Slow(ReactorModel):
+    output: Out
+
+    def load(self, config):
+        self.pokes = 0
+
+    @event(name="poke", description="Slow to apply")
+    async def poke(self):
+        await asyncio.sleep(0.05)
+        self.pokes += 1
+
+    async def run(self):
+        while True:
+            await asyncio.sleep(0.05)
+
+
+async def test_a_command_flood_is_bounded_and_the_session_goes_on(host_of):
+    host = host_of(Slow)
+    async with connected(host) as client:
+        for _ in range(300):
+            client.send_command("poke")
+        await wait_until(
+            lambda: any(m["data"]["type"] == "commandError" for m in client.messages),
+            what="commandError",
+        )
+        errors = [m["data"]["data"] for m in client.messages if m["data"]["type"] == "commandError"]
+        assert errors[0]["errors"][0]["rule"] == "queue_full"
+        assert len(errors) >= 300 - host.MAX_QUEUED_COMMANDS
+        await wait_until(lambda: host.model.pokes == 300 - len(errors), what="the accepted pokes")
+        assert not client.closed
+        client.send_command("poke")  # the queue drained: accepted again
+        await wait_until(lambda: host.model.pokes == 301 - len(errors), what="one more poke")
