@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Callable
 import httpx
 import numpy as np
 
-from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo
+from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo, Signal
 from reactor_serve.webrtc.ice import is_loopback_host, use_loopback_candidates
 
 __all__ = ["ClientState", "ReactorClient", "ReconnectPolicy", "SessionRefused", "connect"]
@@ -115,7 +115,6 @@ class ReactorClient:
         reconnect: ReconnectPolicy | None = None,
         on_state: StateCallback | None = None,
         on_queue: Callable[[dict[str, Any]], None] | None = None,
-        answer_timeout: float = 60.0,
     ) -> None:
         self.base_url = base_url
         self.peer = peer
@@ -126,7 +125,6 @@ class ReactorClient:
         self.policy = reconnect or ReconnectPolicy()
         self.on_state = on_state
         self._on_queue = on_queue
-        self._answer_timeout = answer_timeout
         self.state = ClientState.CONNECTING
         # Successful reconnects so far (each one a new peer connection, same session).
         self.reconnects = 0
@@ -334,7 +332,7 @@ class ReactorClient:
 
     # ---- signalling ---------------------------------------------------------------
 
-    def _signal(self, method: str, timeout: float) -> Callable[[str, list[dict[str, Any]]], Any]:
+    def _signal(self, method: str, timeout: float) -> Signal:
         """Deliver an offer with `method` (POST: the first, PUT: a reconnect) and poll
         for its answer for up to `timeout` seconds."""
         transport = _join(self.base_url, f"sessions/{self.session_id}/transport/webrtc")
@@ -558,7 +556,7 @@ async def connect(
         peer = ClientPeer(descriptor["capabilities"], ice_servers=ice, inputs=inputs,
                           input_fps=input_fps)
         client = ReactorClient(base_url, peer, descriptor, http, reconnect=policy,
-                               on_state=on_state, on_queue=on_queue, answer_timeout=timeout)
+                               on_state=on_state, on_queue=on_queue)
         await peer.connect(client._signal("POST", timeout), timeout=timeout)
         client._start_supervisor()
         return client
