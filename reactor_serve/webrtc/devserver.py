@@ -33,7 +33,7 @@ from reactor_serve.webrtc.backend import (
     ClientIdentity,
     ModelBusy,
     ModelUnavailable,
-    OfferRejected,
+    SdpAnswer,
     SessionInfo,
     SessionState,
     UnknownSession,
@@ -248,7 +248,9 @@ class LocalBackend:
             slot.registered.popitem(last=False)
         return cid
 
-    async def poll_answer(self, session_id: str, connection_id: int | None) -> str | AnswerPending:
+    async def poll_answer(
+        self, session_id: str, connection_id: int | None
+    ) -> SdpAnswer | AnswerPending:
         slot = self._slot(session_id)
         ended = slot.info.state == SessionState.ENDED
         cid = slot.latest if connection_id is None else connection_id
@@ -272,7 +274,7 @@ class LocalBackend:
             if isinstance(error, BackendError):
                 raise type(error)(str(error), error.retry_after_s)
             raise NegotiationFailed(str(error))
-        return task.result()
+        return SdpAnswer(task.result(), cid)
 
     async def add_ice_candidates(
         self,

@@ -436,6 +436,9 @@ class PeerSession:
 
             @channel.on("message")
             def on_message(raw: str | bytes) -> None:
+                # Any inbound frame, even one nobody can read, shows the client is
+                # alive (the watchdog's clock), whatever the parsing makes of it.
+                self._last_inbound = time.monotonic()
                 self._on_channel_message(channel.label, raw)
 
             @channel.on("open")
