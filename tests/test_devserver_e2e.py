@@ -179,3 +179,50 @@ async def test_legacy_block_model_over_webrtc():
             assert not np.array_equal(a.image, b.image)
         finally:
             await client.close()
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+async def test_reactor_run_signal_ends_the_session_with_shutdown_and_exits(signame):
+    """`reactor run` interrupted: the live session hears `sessionEnded{shutdown}` before
+    its transport closes, and the process exits on its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    reactor = Path(sys.executable).parent / "reactor"
+    process = subprocess.Popen(
+        [str(reactor), "run", str(EXAMPLES / "gradient"), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    client = None
+    try:
+        base = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient() as http:
+            for _ in range(600):
+                try:
+                    if (await http.get(f"{base}/health")).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert process.poll() is None, "reactor run exited at start"
+                await asyncio.sleep(0.05)
+        client = await connect(base)
+        await client.next_frame()
+        os.kill(process.pid, getattr(signal, signame))
+        ended = await client.next_message("sessionEnded", scope="runtime", after=0, timeout=30)
+        assert ended["data"]["reason"] == "shutdown"
+        await client.wait_closed()
+        # uvicorn re-raises the signal once it has shut down: SIGINT ends as a
+        # KeyboardInterrupt that `reactor run` turns into exit 0, SIGTERM as death by
+        # SIGTERM, as for any well-behaved server.
+        code = await asyncio.to_thread(process.wait, 60)
+        assert code in (0, -signal.SIGTERM), process.stderr.read().decode()[-2000:]
+    finally:
+        if client is not None:
+            await client.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
