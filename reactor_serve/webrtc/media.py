@@ -169,6 +169,8 @@ class OutputFanout:
         self._video: dict[str, list[PacedVideoTrack]] = collections.defaultdict(list)
         self._audio: dict[str, list[PacedAudioTrack]] = collections.defaultdict(list)
         self._task: asyncio.Task[None] | None = None
+        # Paused runs, cancelled but maybe not finished: referenced until done.
+        self._retired: set[asyncio.Task[None]] = set()
         self._stopped = False
 
     def track(self, name: str) -> MediaStreamTrack:
@@ -201,6 +203,8 @@ class OutputFanout:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
 
     def resume(self) -> None:
         """Present again, starting from fresh frames: the backlog made while paused
