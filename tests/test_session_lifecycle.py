@@ -796,3 +796,20 @@ async def test_a_command_flood_is_bounded_and_the_session_goes_on(host_of):
         assert not client.closed
         client.send_command("poke")  # the queue drained: accepted again
         await wait_until(lambda: host.model.pokes == 301 - len(errors), what="one more poke")
+
+
+async def test_mapping_of_the_wrong_kind_is_rejected_before_the_model_opens(host_of, backends):
+    host = host_of(Level)
+    backend = backends(host)
+    sid = (await backend.create_session({}, ME)).session_id
+    pc = RTCPeerConnection()
+    pc.addTransceiver("audio", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    try:
+        mapping = [{"mid": "0", "name": "main_video", "kind": "video", "direction": "recvonly"}]
+        with pytest.raises(OfferRejected, match="is a audio m-line"):
+            await backend.submit_offer(sid, pc.localDescription.sdp, mapping)
+    finally:
+        await pc.close()
+    assert backend.live_sessions()[0].state == "created"
+    assert host.session is None and host.model.connects == 0

@@ -201,8 +201,7 @@ class PeerSession:
 
     def validate_offer(self, sdp_offer: Any, track_mapping: Any) -> None:
         """Raise OfferRejected if the offer or its track mapping is malformed."""
-        _parse_offer(sdp_offer)
-        self._parse_mapping(track_mapping)
+        _check_kinds(_parse_offer(sdp_offer), self._parse_mapping(track_mapping))
 
     async def answer(
         self,
@@ -220,6 +219,8 @@ class PeerSession:
         self._loop = asyncio.get_running_loop()
         parsed = _parse_offer(sdp_offer)
         mapping = self._parse_mapping(track_mapping)
+        # Every check that needs no model session comes before opening one.
+        _check_kinds(parsed, mapping)
         self._raise_if_ended()
         cid = connection_id if connection_id is not None else next(self._local_ids)
         conn = self._connection(cid)
@@ -257,11 +258,6 @@ class PeerSession:
                     if entry is None:
                         pc.addTransceiver(media.kind, direction="inactive")
                         continue
-                    if entry.kind != media.kind:
-                        raise OfferRejected(
-                            f"track_mapping: mid {entry.mid!r} is a {media.kind} m-line but "
-                            f"is mapped to {entry.kind} track {entry.name!r}"
-                        )
                     if entry.direction == "recvonly":
                         track = self._fanout.track(entry.name)
                         tracks.append(track)
@@ -795,6 +791,16 @@ def _extend_bounded(target: list[Any], items: list[Any], limit: int) -> None:
 def _command_of(raw: str | bytes) -> tuple[str, Any] | None:
     """(name, errors) of an application envelope whose arguments are malformed."""
     return data_channel.command_of(raw)
+
+
+def _check_kinds(parsed: SessionDescription, mapping: dict[str, TrackMapping]) -> None:
+    for media in parsed.media:
+        entry = mapping.get(media.rtp.muxId)
+        if entry is not None and media.kind in ("audio", "video") and entry.kind != media.kind:
+            raise OfferRejected(
+                f"track_mapping: mid {entry.mid!r} is a {media.kind} m-line but "
+                f"is mapped to {entry.kind} track {entry.name!r}"
+            )
 
 
 def _parse_offer(sdp_offer: Any) -> SessionDescription:
