@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import json
 import logging
 import secrets
 import time
