@@ -813,3 +813,16 @@ async def test_mapping_of_the_wrong_kind_is_rejected_before_the_model_opens(host
         await pc.close()
     assert backend.live_sessions()[0].state == "created"
     assert host.session is None and host.model.connects == 0
+
+
+async def test_ending_a_session_whose_model_thread_is_gone_frees_it(host_of):
+    from reactor_serve.interface.context import _live
+
+    host = host_of(Level)
+    async with connected(host) as client:
+        session = client.session
+        host._thread.stop(5)
+        await asyncio.wait_for(session.close(), 5)
+    assert session.ended.is_set() and host.session is None
+    assert session.context not in _live  # get_ctx() no longer finds it
+    assert client.end_reason == "client_closed"

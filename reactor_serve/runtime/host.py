@@ -187,9 +187,35 @@ class ModelHost:
 
     async def end_session(self, session: Session, reason: str, detail: str | None = None) -> None:
         """Disconnect `session` and wait until it is cleaned up (any thread's loop)."""
-        if session.ended.is_set() or not self._thread.alive:
+        if session.ended.is_set():
+            return
+        if not self._thread.alive:
+            self._abandon(session, reason, detail)
             return
         await asyncio.wrap_future(self._thread.submit(self._disconnect(session, reason, detail)))
+
+    def _abandon(self, session: Session, reason: str, detail: str | None) -> None:
+        """End `session` without the model: its thread is gone, so no hook can run.
+        The bookkeeping still has to happen, or the session would stay live (and
+        `get_ctx()` would find it) for ever."""
+        if session.ended.is_set():
+            return
+        session._mark_stopping()
+        for buffer in self.input_buffers.values():
+            buffer.detach()
+        data: dict[str, Any] = {"reason": reason}
+        if detail:
+            data["message"] = detail
+        session.send_runtime("sessionEnded", data)
+        session.end_reason, session.end_detail = reason, detail
+        unregister_live(session.context)
+        session.ended.set()
+        if self._session is session:
+            self._session = None
+        try:
+            session.sink.ended(reason, detail)
+        except Exception:
+            log.exception("session sink failed in ended()")
 
     async def _connect(self, session: Session) -> None:
         assert self._lifecycle is not None
@@ -535,6 +561,10 @@ class ModelHost:
             if self._run_task is not None:
                 self._thread.loop.call_soon_threadsafe(self._run_task.cancel)
         self._thread.stop(timeout)
+        session = self._session
+        if session is not None:
+            # The model thread was gone (or did not end the session in time).
+            self._abandon(session, EndReason.SHUTDOWN, None)
 
 
 class _Binding:
