@@ -1,7 +1,8 @@
 """`build_app`: a Serve application from the validated list of models.
 
 One deployment per model (`ModelReplica`, one session per replica, autoscaled by the
-number of sessions) and one ingress in front of them all.
+number of sessions) and one stateless ingress, of two or more replicas, in front of
+them all.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from reactor_serve.serve.config import (
     model_deployment_options,
     resolve_gpus,
 )
-from reactor_serve.serve.ingress import INGRESS_NAME, make_ingress
+from reactor_serve.serve.ingress import make_ingress
 from reactor_serve.serve.replica import ModelReplica
 from reactor_serve.webrtc.ice import client_ice_servers
 
@@ -53,12 +54,15 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
             name,
             settings.model_dump(mode="json"),
             entry.max_session_s,
-            ingress_deployment=INGRESS_NAME,
+            admission_timeout_s=entry.admission_timeout_s,
         )
-        models.append({"name": name, "path": str(path), "entry": entry.model_dump(mode="json")})
-    ingress = make_ingress(args.auth_token).options(
-        # One ingress replica: it also holds the mailboxes of live sessions.
-        num_replicas=1,
+        # Only what names the model: its settings travel with its own deployment, so
+        # changing them redeploys that model and not the ingress.
+        models.append({"name": name, "path": str(path)})
+    ingress = make_ingress(args.auth_token, args.operator_token).options(
+        # Stateless (sessions live in their replicas, records in the GCS): two or more
+        # replicas, so killing or redeploying one never leaves clients waiting.
+        num_replicas=args.ingress_replicas,
         max_ongoing_requests=args.ingress_max_ongoing_requests,
         ray_actor_options={"num_cpus": args.ingress_cpus},
     )

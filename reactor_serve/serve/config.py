@@ -189,6 +189,11 @@ class AppArgs(BaseModel):
     ice_servers: list[IceServer] = Field(default_factory=list)
     # Bearer token the session API requires; None serves without authentication.
     auth_token: str | None = Field(default=None, min_length=1)
+    # Operators list sessions (masked) with `X-Operator-Token: <token>`; unset: nobody.
+    operator_token: str | None = Field(default=None, min_length=1)
+    # The ingress is stateless; two replicas or more keep it answering while one
+    # restarts or is redeployed.
+    ingress_replicas: int = Field(default=2, ge=1)
     # Each open WebSocket and held session call counts against the ingress's limit.
     ingress_max_ongoing_requests: int = Field(default=1000, ge=1)
     # The ingress only signals (media goes straight to the replicas): a small CPU share.

@@ -1,14 +1,20 @@
-"""The ingress deployment: one FastAPI app in front of every model.
+"""The ingress deployment: one stateless FastAPI app in front of every model.
 
 PROTOCOL.md's routes for each model under `/models/{name}`, and for the first model at
 the root (so `GET /health` is the first model's, as the protocol has it); `GET /models`
 (names, tracks, schemas, computed from the classes: no replica needed); the web page.
 Media never passes through here: the client's WebRTC goes straight to the replica that
 runs its session.
+
+Nothing a session needs lives here (see `ServeBackend`): the ingress runs two or more
+replicas, any of them answers any request, and killing or redeploying one leaves
+every session streaming. Its init args name the models and nothing of their
+settings, so changing one model's settings redeploys that model alone.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 from typing import Any
 from urllib.parse import quote
@@ -20,21 +26,18 @@ from ray import serve
 from reactor_serve import __version__
 from reactor_serve.runtime.manifest import load_manifest
 from reactor_serve.runtime.model_spec import inspect_model
-from reactor_serve.serve.config import ModelEntry
+from reactor_serve.runtime.session import EndReason
 from reactor_serve.serve.metrics import IngressMetrics
 from reactor_serve.serve.serve_backend import ServeBackend
+from reactor_serve.serve.session_directory import SessionDirectory
 from reactor_serve.webrtc import schema
-from reactor_serve.webrtc.http_api import (
-    SessionHTTPMiddleware,
-    session_routes,
-    token_check,
-)
 from reactor_serve.webrtc.web_page import (
     PICKER_PAGE,
     PLAYER_PAGE,
     asset_routes,
     page_response,
 )
+from reactor_serve.webrtc.session_routes import add_session_middleware, session_routes
 
 __all__ = ["INGRESS_NAME", "make_ingress"]
 
@@ -52,8 +55,9 @@ def _live_backends() -> dict[str, ServeBackend]:
     return module.BACKENDS
 
 
-def make_ingress(auth_token: str | None) -> Any:
-    """The ingress deployment class, with its app's routes guarded by `auth_token`."""
+def make_ingress(auth_token: str | None, operator_token: str | None = None) -> Any:
+    """The ingress deployment class, with its app's routes guarded by `auth_token`;
+    the operators' session list wants `operator_token`."""
     # Serve pickles the FastAPI app and this class separately, so the routes and the
     # ingress object meet in the module's `BACKENDS`, looked up by import at run time
     # in the replica's process (see `_live_backends`).
@@ -63,36 +67,41 @@ def make_ingress(auth_token: str | None) -> Any:
         backend = backends.get(name)
         if backend is None:
             if not backends:
-                raise HTTPException(503, "the ingress is starting")
+                raise HTTPException(503, "the ingress is starting", {"Retry-After": "1"})
             raise HTTPException(404, f"unknown model {name!r} (models: {', '.join(backends)})")
         return backend
 
     def root_backend(request: Request) -> ServeBackend:
         backends = _live_backends()
         if not backends:
-            raise HTTPException(503, "the ingress is starting")
+            raise HTTPException(503, "the ingress is starting", {"Retry-After": "1"})
         return next(iter(backends.values()))
 
+    def operator(request: Request) -> None:
+        # Session lists are for operators only: a session id is its client's capability,
+        # and even masked, who runs what is not every user's business.
+        header = request.headers.get("x-operator-token") or ""
+        if operator_token is None or not hmac.compare_digest(header.encode(), operator_token.encode()):
+            raise HTTPException(
+                403, "listing sessions needs the operator token (X-Operator-Token header; "
+                     "set operator_token in the app's args)"
+            )
+
     app = FastAPI(title="reactor-serve", version=__version__)
-    app.add_middleware(SessionHTTPMiddleware)
-    app.include_router(
-        session_routes(model_backend, server_version=__version__, auth_token=auth_token),
-        prefix="/models/{name}",
-    )
-    app.include_router(
-        session_routes(root_backend, server_version=__version__, auth_token=auth_token)
-    )
-    guard = [Depends(token_check(auth_token))]
+    add_session_middleware(app, auth_token=auth_token)
+    app.include_router(session_routes(model_backend, server_version=__version__),
+                       prefix="/models/{name}")
+    app.include_router(session_routes(root_backend, server_version=__version__))
 
     # The web client: the model picker at the root, each model's player page in its
     # folder (the trailing slash is what lets the page's relative URLs reach the model).
     app.include_router(asset_routes("", "/models/{name}"))
 
-    @app.get("/", dependencies=guard, include_in_schema=False)
+    @app.get("/", include_in_schema=False)
     async def picker_page() -> HTMLResponse:
         return page_response(PICKER_PAGE)
 
-    @app.get("/models/{name}/", dependencies=guard, include_in_schema=False)
+    @app.get("/models/{name}/", include_in_schema=False)
     async def player_page(request: Request) -> HTMLResponse:
         model_backend(request)  # 404 names the models when this one is unknown
         return page_response(PLAYER_PAGE)
@@ -102,7 +111,7 @@ def make_ingress(auth_token: str | None) -> Any:
         # Relative, so a Serve route prefix or a /t/{token}/ prefix is kept.
         return RedirectResponse(f"{quote(name)}/", status_code=308)
 
-    @app.get("/models", dependencies=guard)
+    @app.get("/models")
     async def list_models() -> dict[str, Any]:
         return {
             "models": [
@@ -116,9 +125,9 @@ def make_ingress(auth_token: str | None) -> Any:
             ]
         }
 
-    @app.get("/models/{name}/sessions", dependencies=guard)
+    @app.get("/models/{name}/sessions", dependencies=[Depends(operator)])
     async def list_sessions(request: Request) -> dict[str, Any]:
-        return {"sessions": model_backend(request).describe_sessions()}
+        return {"sessions": await model_backend(request).describe_sessions()}
 
     @serve.deployment(name=INGRESS_NAME)
     @serve.ingress(app)
@@ -130,20 +139,41 @@ def make_ingress(auth_token: str | None) -> Any:
             ice_servers: list[dict[str, Any]],
         ) -> None:
             metrics = IngressMetrics()
+            self.app_name = serve.get_replica_context().app_name
+            directory = SessionDirectory(self.app_name)
             self.backends = _live_backends()
             for model in models:
                 manifest = load_manifest(model["path"])
                 spec = inspect_model(manifest.load_class(), model["name"])
-                entry = ModelEntry.model_validate(model["entry"])
                 self.backends[model["name"]] = ServeBackend(
-                    spec, handles[model["name"]], entry, ice_servers, metrics
+                    spec, handles[model["name"]], directory, ice_servers, metrics
                 )
 
-        async def take(self, session_id: str, timeout: float) -> list[dict[str, Any]]:
-            """Messages for a live session, polled by the replica running it."""
-            for backend in self.backends.values():
-                if session_id in backend._sessions:
-                    return await backend.take(session_id, timeout)
-            return [{"type": "stop"}]
+        async def __del__(self) -> None:
+            # An ingress replica stops for three reasons: it is replaced (redeploy,
+            # scale-down), killed, or the whole application is going away. Only the
+            # last ends sessions: then every live one is told `sessionEnded{shutdown}`
+            # at once, instead of each replica draining it for up to max_session_s.
+            if not await _application_deleting(self.app_name):
+                return
+            for backend in list(self.backends.values()):
+                try:
+                    await backend.end_all(EndReason.SHUTDOWN, "the server is shutting down")
+                except Exception:
+                    log.exception("ending the sessions of %s at shutdown failed",
+                                  backend.spec.name)
 
     return ReactorIngress
+
+
+async def _application_deleting(app_name: str) -> bool:
+    import asyncio
+
+    def read() -> bool:
+        try:
+            status = serve.status().applications.get(app_name)
+        except Exception:
+            return True  # the controller is gone too: everything is stopping
+        return status is None or "DELETING" in str(status.status)
+
+    return await asyncio.to_thread(read)

@@ -1,31 +1,49 @@
-"""`ModelReplica`: one model instance in a Serve replica, one live session at a time.
+"""`ModelReplica`: one model instance in a Serve replica; it owns its session.
 
-The replica loads the model once in `__init__`. A session is one long streaming call,
-`session(request)`: it yields the SDP answer first, then any later answers (the
-client's reconnects) and finally how the session ended, and returns when the session
-is over. Cancelling the call ends the session. With `max_ongoing_requests: 1` the
-call is the replica's one slot, and Serve's graceful shutdown waits for it, so a
-scale-down drains a busy replica instead of cutting its user.
+The replica loads the model once in `__init__` and runs its sessions with the same
+`LocalBackend` that `reactor run` uses, so the session's life (orphaned on a network
+drop, resumed by a new offer, ended with `sessionEnded`) is one implementation.
 
-Messages the ingress must send into a live session (a reconnect's new offer, trickled
-candidates) come back through `Mailbox.take` on the ingress, polled by the session.
+A session's slot is one long streaming call, `session({"session_id"})`, issued by the
+ingress replica that admitted it: with `max_ongoing_requests: 1` the call is the
+replica's one slot, waiting sessions queue in Serve, and Serve's graceful shutdown
+drains a busy replica instead of cutting its user. The call yields once (placed, or
+rejected) and returns when the session ends. Nothing else flows through it: if the
+ingress replica that issued it dies, the call, and the session, go on (Serve does not
+cancel a replica's streaming call when its caller dies; verified on Ray 2.60).
+
+Everything else about a placed session (a reconnect's offer, polls, trickled
+candidates, stop) reaches the replica straight from whichever ingress replica got the
+HTTP request: a Ray call to this replica's actor (`control_call`), which runs beside
+the busy slot rather than queueing behind it. The session's record in the
+`SessionDirectory` says which replica to call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from typing import Any, AsyncIterator
 
-from reactor_serve.runtime.host import ModelHost, SessionBusy
+from reactor_serve.runtime.host import ModelHost
 from reactor_serve.runtime.session import EndReason
 from reactor_serve.serve import metrics
-from reactor_serve.webrtc.backend import OfferRejected
-from reactor_serve.webrtc.peer import PeerSession
+from reactor_serve.serve.session_directory import SessionDirectory
+from reactor_serve.webrtc.backend import (
+    AnswerPending,
+    BackendError,
+    ClientIdentity,
+    SessionState,
+)
+from reactor_serve.webrtc.devserver import LocalBackend
 from reactor_serve.webrtc.settings import WebRTCSettings
 
-__all__ = ["ModelReplica"]
+__all__ = ["SERVE_ACTOR_NAMESPACE", "ModelReplica", "control_call"]
+
+# The Ray namespace of Serve's replica actors (where `ray.get_actor` finds them).
+SERVE_ACTOR_NAMESPACE = "serve"
 
 log = logging.getLogger("reactor_serve.serve")
 
@@ -33,7 +51,11 @@ log = logging.getLogger("reactor_serve.serve")
 class ModelReplica:
     """The class behind each model deployment (wrapped with `serve.deployment`)."""
 
-    STATS_INTERVAL_S = 1.0
+    # How often the slot call looks at its session (metrics, the longest session).
+    FOLLOW_INTERVAL_S = 1.0
+    # The longest a control call may take in the replica (an offer answers in well
+    # under a second; ICE gathering with STUN servers takes a few).
+    CONTROL_TIMEOUT_S = 10.0
 
     def __init__(
         self,
@@ -41,7 +63,7 @@ class ModelReplica:
         model_name: str,
         settings: dict[str, Any],
         max_session_s: float,
-        ingress_deployment: str | None = None,
+        admission_timeout_s: float = 60.0,
     ) -> None:
         self.model_name = model_name
         self.host = ModelHost.from_manifest(model_dir)
@@ -50,146 +72,231 @@ class ModelReplica:
         self.host.start()
         self.settings = WebRTCSettings.model_validate(settings)
         self.max_session_s = max_session_s
-        # The ingress deployment whose `take` holds messages for live sessions; its
-        # handle is looked up on first use, inside the running application.
-        self.ingress_deployment = ingress_deployment
-        self._mailbox: Any = None
-        self.peer: PeerSession | None = None
+        self.sessions = LocalBackend(self.host, self.settings)
         self.sessions_started = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._metrics = metrics.ReplicaMetrics(model_name)
         self._metrics.live.set(0)
+        self._identity = _replica_identity()
+        self._directory = SessionDirectory(self._identity["app"]) if self._identity else None
+        if self._directory is not None:
+            # What the ingress needs to know of this model, published by the model
+            # itself: a change of these settings redeploys this model alone.
+            self._directory.publish_model_sync(
+                model_name, {"admission_timeout_s": admission_timeout_s}
+            )
 
     def check_health(self) -> None:
         """Serve's health check: fails once the model thread is gone."""
         if not self.host.healthy:
             raise RuntimeError(f"model {self.model_name!r}: the model thread is not running")
 
+    # ---- the slot ---------------------------------------------------------------
+
     async def session(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Run one session: `{"session_id", "sdp_offer", "track_mapping"}` in; events out."""
+        """Take the session `request["session_id"]`: open it with its latest offer,
+        yield `placed` (or `rejected`), and hold the slot until it ends."""
+        self._loop = asyncio.get_running_loop()
         session_id = str(request["session_id"])
         started = time.monotonic()
-        peer = PeerSession(self.host, self.settings, session_id=session_id)
-        self.peer = peer
+        directory = self._require_directory()
+        record = await directory.get(session_id)
+        if record is None or record.get("state") == "ended":
+            # Stopped (or expired) while it waited for this slot.
+            yield {"type": "rejected", "status": 404,
+                   "detail": f"session {session_id} ended before a slot was free"}
+            return
         try:
+            await self.sessions.create_session(
+                dict(record.get("extra_args") or {}),
+                ClientIdentity(str(record.get("client") or "")),
+                session_id=session_id,
+            )
+        except BackendError as exc:
+            yield _rejected(exc)
+            return
+        placed = False
+        try:
+            await directory.update(
+                session_id, state="placed", replica=self._identity["actor"],
+                replica_namespace=self._identity["namespace"],
+                replica_id=self._identity["replica_id"], gpu_ids=_gpu_ids(),
+            )
+            offer = record.get("offer") or {}
+            fresh = await directory.get(session_id) or record
+            offer = fresh.get("offer") or offer
+            for _ in range(int(offer.get("connection_id") or 1) - 1):
+                await self.sessions.register_connection(session_id)
             try:
-                answer = await peer.answer(request["sdp_offer"], request.get("track_mapping", []))
-            except OfferRejected as exc:
-                yield {"type": "rejected", "status": 400, "detail": str(exc)}
+                await self.sessions.submit_offer(
+                    session_id, offer.get("sdp_offer", ""), offer.get("track_mapping") or [],
+                    int(offer["connection_id"]) if offer.get("registered") else None,
+                )
+                for batch in fresh.get("early_candidates") or []:
+                    await self.sessions.add_ice_candidates(
+                        session_id, None, batch.get("candidates") or [], bool(batch.get("is_final"))
+                    )
+            except BackendError as exc:
+                await self.sessions.stop_session(session_id)
+                await directory.end(session_id, EndReason.ERROR, str(exc))
+                yield _rejected(exc)
                 return
-            except SessionBusy as exc:
-                yield {"type": "rejected", "status": 409, "detail": str(exc)}
-                return
+            placed = True
             self.sessions_started += 1
             self._metrics.session_started()
-            yield {
-                "type": "answer",
-                "sdp": answer,
-                "connection_id": request.get("connection_id"),
-                "replica": _replica_id(),
-                "gpu_ids": _gpu_ids(),
-            }
-            async for event in self._follow(peer, started):
-                yield event
+            yield {"type": "placed", "replica": self._identity["replica_id"], "gpu_ids": _gpu_ids()}
+            await self._follow(session_id, started)
         except asyncio.CancelledError:
-            # The ingress cancelled the call: the client stopped, or vanished.
-            await peer.close(EndReason.CLIENT_CLOSED)
+            # Cancelled by Serve (shutdown) or by the ingress: the session ends now.
+            await self.sessions.stop_session(session_id)
             raise
         finally:
-            if not peer.ended.is_set():
-                await peer.close(EndReason.SHUTDOWN)
-            self._metrics.session_ended(peer.end_reason or "unknown", self.host.model_errors)
-            self.peer = None
+            info = None
+            try:
+                info = await self.sessions.get_session(session_id)
+                if info.state != SessionState.ENDED:
+                    await self.sessions.stop_session(session_id)
+                    info = await self.sessions.get_session(session_id)
+            except BackendError:
+                pass
+            reason = (info.end_reason if info else None) or EndReason.SHUTDOWN
+            await directory.end(session_id, reason, info.end_message if info else None)
+            if placed:
+                self._metrics.session_ended(reason, self.host.model_errors)
 
-    async def _follow(self, peer: PeerSession, started: float) -> AsyncIterator[dict[str, Any]]:
-        """Serve a live session until it ends: control messages in, answers out."""
+    async def _follow(self, session_id: str, started: float) -> None:
+        """Hold the slot while the session lives: metrics, and the longest session."""
         deadline = started + self.max_session_s
         first_frame_seen = False
-        while not peer.ended.is_set():
+        while True:
+            info = await self.sessions.get_session(session_id)
+            if info.state == SessionState.ENDED:
+                return
             if time.monotonic() > deadline:
-                await peer.close(EndReason.TIMEOUT)
-                break
-            if not first_frame_seen and peer.session is not None and peer.session.clock.presented:
-                first_frame_seen = True
-                self._metrics.first_frame(time.monotonic() - started)
-            self._metrics.observe(peer.stats())
-            for message in await self._next_controls(peer):
-                event = await self._apply_control(peer, message)
-                if event is not None:
-                    yield event
-        yield {"type": "ended", "reason": peer.end_reason, "detail": peer.end_detail}
+                await self.sessions.end_session(
+                    session_id, EndReason.TIMEOUT,
+                    f"the session reached its longest allowed time ({self.max_session_s:g} s)",
+                )
+                return
+            stats = self.sessions.stats()
+            if stats:
+                if not first_frame_seen and stats.get("presented"):
+                    first_frame_seen = True
+                    self._metrics.first_frame(time.monotonic() - started)
+                self._metrics.observe(stats)
+            await self.sessions.wait_ended(session_id, self.FOLLOW_INTERVAL_S)
 
-    def _ingress(self) -> Any:
-        if self._mailbox is None and self.ingress_deployment:
-            from ray import serve
+    # ---- control calls from any ingress replica ----------------------------------
 
-            app_name = serve.get_replica_context().app_name
-            self._mailbox = serve.get_deployment_handle(self.ingress_deployment, app_name)
-        return self._mailbox
-
-    async def _next_controls(self, peer: PeerSession) -> list[dict[str, Any]]:
-        mailbox = self._ingress()
-        if mailbox is None:
-            await asyncio.wait([asyncio.ensure_future(peer.ended.wait())],
-                               timeout=self.STATS_INTERVAL_S)
-            return []
-        poll = asyncio.ensure_future(mailbox.take.remote(peer.id, self.STATS_INTERVAL_S))
-        ended = asyncio.ensure_future(peer.ended.wait())
-        done, _ = await asyncio.wait([poll, ended], return_when=asyncio.FIRST_COMPLETED)
-        ended.cancel()
-        if poll not in done:
-            poll.cancel()
-            return []
+    def control_from_thread(self, op: str, session_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Run one control operation on the replica's loop; called on a Ray thread."""
+        loop = self._loop
+        if loop is None:
+            return _error("UnknownSession", 404, f"unknown session {session_id!r}")
+        future = asyncio.run_coroutine_threadsafe(self._control(op, session_id, args), loop)
         try:
-            return list(poll.result() or [])
-        except Exception:
-            log.exception("session %s: polling the ingress mailbox failed", peer.id)
-            await asyncio.sleep(self.STATS_INTERVAL_S)
-            return []
+            return future.result(self.CONTROL_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            return _error("ModelUnavailable", 503,
+                          f"the replica did not answer {op!r} within {self.CONTROL_TIMEOUT_S:g} s",
+                          retry_after_s=1.0)
 
-    async def _apply_control(self, peer: PeerSession, message: dict[str, Any]) -> dict[str, Any] | None:
-        kind = message.get("type")
-        if kind == "offer":
-            try:
-                answer = await peer.answer(message["sdp_offer"], message.get("track_mapping", []))
-            except OfferRejected as exc:
-                return {"type": "rejected", "status": 400, "detail": str(exc),
-                        "connection_id": message.get("connection_id")}
-            return {"type": "answer", "sdp": answer, "connection_id": message.get("connection_id")}
-        if kind == "candidates":
-            try:
-                await peer.add_ice_candidates(message.get("candidates", []),
-                                              bool(message.get("is_final")))
-            except OfferRejected as exc:
-                log.warning("session %s: %s", peer.id, exc)
-            return None
-        if kind == "stop":
-            await peer.close(EndReason.CLIENT_CLOSED)
-            return None
-        log.warning("session %s: unknown control message %r", peer.id, kind)
-        return None
+    async def _control(self, op: str, session_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        sessions = self.sessions
+        try:
+            if op == "offer":
+                value: Any = await sessions.submit_offer(
+                    session_id, args["sdp_offer"], args["track_mapping"], args.get("connection_id")
+                )
+            elif op == "register":
+                value = await sessions.register_connection(session_id)
+            elif op == "poll":
+                answer = await sessions.poll_answer(session_id, args.get("connection_id"))
+                value = {"pending": answer.status} if isinstance(answer, AnswerPending) else {"sdp": answer}
+            elif op == "candidates":
+                await sessions.add_ice_candidates(
+                    session_id, args.get("connection_id"), args["candidates"], bool(args["is_final"])
+                )
+                value = None
+            elif op == "get":
+                info = await sessions.get_session(session_id)
+                value = {"state": info.state, "end_reason": info.end_reason,
+                         "end_message": info.end_message}
+            elif op == "stop":
+                await sessions.stop_session(session_id)
+                value = None
+            elif op == "stop_unnamed":
+                value = await sessions.stop_unnamed(ClientIdentity(str(args["client"])))
+            elif op == "shutdown":
+                await sessions.end_session(session_id, EndReason.SHUTDOWN,
+                                           "the server is shutting down")
+                value = None
+            else:
+                return _error("OfferRejected", 400, f"unknown control operation {op!r}")
+        except BackendError as exc:
+            return _error(type(exc).__name__, exc.status, str(exc), exc.retry_after_s)
+        return {"ok": value}
 
     def stats(self) -> dict[str, Any]:
-        """For tests and operators: this replica's live session, if any."""
-        peer = self.peer
+        """For tests and operators: this replica's sessions."""
         return {
             "model": self.model_name,
             "sessions_started": self.sessions_started,
-            "live_session": peer.id if peer is not None and not peer.ended.is_set() else None,
             "healthy": self.host.healthy,
         }
 
+    def _require_directory(self) -> SessionDirectory:
+        if self._directory is None:
+            raise RuntimeError("ModelReplica runs inside a Serve application only")
+        return self._directory
+
     def __del__(self) -> None:
+        # Ends any live session with sessionEnded{reason: "shutdown"} first.
         try:
             self.host.shutdown()
         except Exception:
             pass
 
 
-def _replica_id() -> str | None:
+def control_call(actor_self: Any, op: str, session_id: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Run through Ray's `__ray_call__` on a model replica's actor: hand `op` to the
+    ModelReplica of that process. Ray runs it on a thread of its own, so it is not
+    queued behind the session call that holds the replica's one Serve slot."""
+    from ray import serve
+
+    replica = serve.get_replica_context().servable_object
+    if not isinstance(replica, ModelReplica):
+        return _error("UnknownSession", 404, f"unknown session {session_id!r}")
+    return replica.control_from_thread(op, session_id, args)
+
+
+def _error(kind: str, status: int, message: str, retry_after_s: float | None = None) -> dict[str, Any]:
+    return {"error": {"kind": kind, "status": status, "message": message,
+                      "retry_after_s": retry_after_s}}
+
+
+def _rejected(exc: BackendError) -> dict[str, Any]:
+    return {"type": "rejected", "status": exc.status, "detail": str(exc),
+            "kind": type(exc).__name__, "retry_after_s": exc.retry_after_s}
+
+
+def _replica_identity() -> dict[str, Any] | None:
+    """This replica's Ray actor name and namespace (what the ingress calls), its
+    Serve replica id and application; None outside Serve."""
     try:
+        import ray
         from ray import serve
 
-        return serve.get_replica_context().replica_id.unique_id
+        context = serve.get_replica_context()
+        runtime = ray.get_runtime_context()
+        return {
+            "actor": runtime.get_actor_name(),
+            # Serve names its replica actors in its own namespace, not the job's.
+            "namespace": SERVE_ACTOR_NAMESPACE,
+            "replica_id": context.replica_id.unique_id,
+            "app": context.app_name,
+        }
     except Exception:
         return None
 

@@ -1,41 +1,54 @@
-"""`ServeBackend`: the sessions of one model, run by its Serve replicas.
+"""`ServeBackend`: the sessions of one model, as any ingress replica sees them.
 
-A session's first offer opens the replica call `session(...)` through the model's
-deployment handle. With every replica busy the call waits in Serve's queue (which is
-what the autoscaling policy counts); meanwhile a polling client is told its position
-and an estimate, and after `admission_timeout_s` it gets 503 with Retry-After. The
-call is then held open for the life of the session; stopping the session cancels it.
-Messages for a live session (a reconnect's offer, trickled candidates) wait in a
-mailbox that the replica polls through the ingress's `take`.
+It keeps nothing that a session needs: a session's record lives in the
+`SessionDirectory` (Ray's GCS), and once placed the session lives in the model
+replica that owns it, which every request about it reaches directly
+(`replica.control_call` through Ray's `__ray_call__`). So any ingress replica answers
+any request, and killing or redeploying one loses no session.
+
+Admission: a session's first offer opens the replica call `session(...)` through the
+model's deployment handle. With every replica busy the call waits in Serve's queue
+(which is what the autoscaling policy counts); meanwhile a polling client is told
+its position, and after `admission_timeout_s` it gets 503 with Retry-After. The
+ingress replica that issued the call is the session's `holder` while it waits; if
+that replica dies, the next ingress replica asked about the session takes the wait
+over. Once placed, the holder only watches the call, to learn at once when the
+replica dies.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import secrets
 import time
 from typing import Any
 
-from ray.serve.exceptions import RequestCancelledError
-
 from reactor_serve.runtime.model_spec import ModelSpec
-from reactor_serve.serve.config import ModelEntry
+from reactor_serve.runtime.session import EndReason
 from reactor_serve.serve.metrics import IngressMetrics
+from reactor_serve.serve.replica import SERVE_ACTOR_NAMESPACE, control_call
+from reactor_serve.serve.session_directory import SessionDirectory, SessionRecord
+from reactor_serve.webrtc import backend as contract
 from reactor_serve.webrtc.backend import (
     AnswerPending,
     BackendError,
+    ClientIdentity,
     ModelBusy,
     ModelUnavailable,
     OfferRejected,
     SessionInfo,
+    SessionState,
     UnknownSession,
+    mask_session_id,
 )
 
-__all__ = ["AdmissionTimeout", "ServeBackend", "SessionLost"]
+__all__ = ["AdmissionTimeout", "ServeBackend"]
 
 log = logging.getLogger("reactor_serve.serve")
+
+# What a replica's death is reported as, to the client and in the record.
+REPLICA_DIED = "the replica running this session died"
 
 
 class AdmissionTimeout(ModelBusy):
@@ -44,155 +57,403 @@ class AdmissionTimeout(ModelBusy):
     status = 503
 
 
-class SessionLost(BackendError):
-    """The replica running the session failed (it died, or the call broke)."""
-
-    status = 502
-
-
-class _Session:
-    def __init__(self, info: SessionInfo) -> None:
-        self.info = info
-        self.answers: dict[int, str | BackendError] = {}
-        self.latest: int | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.response: Any = None
-        self.mailbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.waiting_since: float | None = None
-        self.expiry: asyncio.TimerHandle | None = None
-        self.ended_at: float | None = None
-        # Where the session runs, for operators: Serve's replica id and its GPUs.
-        self.replica: str | None = None
-        self.gpu_ids: list[str] = []
-
-
 class ServeBackend:
-    """A SessionBackend over one model deployment's handle."""
+    """A SessionBackend over one model deployment, stateless across ingress replicas."""
 
-    # A session that never gets an offer frees its record after this long.
+    # A session that never gets an offer ends after this long.
     OFFER_TIMEOUT_S = 60.0
-    # Ended sessions are remembered this long, so late polls get a clear answer.
-    KEEP_ENDED_S = 300.0
+    # How long a deployment-status or model-settings reading is reused.
+    STATUS_TTL_S = 2.0
+    # The longest an ingress waits for a replica's answer to a control call.
+    CONTROL_TIMEOUT_S = 15.0
+    # Trickled candidates kept for a session still waiting for a slot.
+    MAX_EARLY_CANDIDATE_BATCHES = 16
 
     def __init__(
         self,
         spec: ModelSpec,
         handle: Any,
-        entry: ModelEntry,
+        directory: SessionDirectory,
         ice_servers: list[dict[str, Any]],
         metrics: IngressMetrics | None = None,
+        *,
+        deployment_name: str | None = None,
     ) -> None:
         self._spec = spec
         self.handle = handle
-        self.entry = entry
+        self._directory = directory
         self._ice_servers = ice_servers
         self._metrics = metrics
-        self._sessions: dict[str, _Session] = {}
-        self._waiting: list[_Session] = []
-        self._ids = itertools.count(1)
+        self._deployment = deployment_name or f"model-{spec.name}"
+        # Sessions whose slot wait this ingress replica holds: session id -> task.
+        self._admissions: dict[str, asyncio.Task[None]] = {}
+        self._queue: list[str] = []
+        self._queued_at: dict[str, float] = {}
         self._recent_wait_s: float | None = None
         self._status: tuple[float, str | None] | None = None
+        self._settings: tuple[float, dict[str, Any]] | None = None
+        self._actors: dict[tuple[str, str], Any] = {}
+        self._me = _own_actor_name()
 
     @property
     def spec(self) -> ModelSpec:
         return self._spec
 
-    @property
-    def healthy(self) -> bool:
-        return True
-
     # ---- SessionBackend -----------------------------------------------------------
 
-    # How long a deployment-status reading is reused (asking the controller costs a call).
-    STATUS_TTL_S = 2.0
-
-    async def create_session(self, extra_args: dict[str, Any]) -> SessionInfo:
-        self._forget_old()
+    async def create_session(self, extra_args: dict[str, Any], client: ClientIdentity) -> SessionInfo:
         await self._check_available()
-        info = SessionInfo(secrets.token_urlsafe(16), "created", time.time(), dict(extra_args))
-        session = _Session(info)
-        self._sessions[info.session_id] = session
-        session.expiry = asyncio.get_running_loop().call_later(
-            self.OFFER_TIMEOUT_S, self._expire, session
-        )
-        return info
+        session_id = secrets.token_urlsafe(24)
+        now = time.time()
+        await self._directory.put(session_id, {
+            "model": self._spec.name, "created_at": now, "extra_args": extra_args,
+            "client": client.digest, "state": SessionState.CREATED, "next_cid": 1,
+        })
+        return SessionInfo(session_id, SessionState.CREATED, now, dict(extra_args))
 
-    def get_session(self, session_id: str) -> SessionInfo:
-        return self._session(session_id).info
-
-    def live_sessions(self) -> list[SessionInfo]:
-        return [s.info for s in self._sessions.values() if s.info.state != "ended"]
+    async def get_session(self, session_id: str) -> SessionInfo:
+        record = await self._record(session_id)
+        state = record["state"]
+        end_reason, end_message = record.get("end_reason"), record.get("end_message")
+        if state == "placed":
+            result = await self._on_replica(session_id, record, "get", {})
+            state, end_reason, end_message = result["state"], result["end_reason"], result["end_message"]
+        elif state not in (SessionState.CREATED, SessionState.WAITING, SessionState.ENDED):
+            state = SessionState.WAITING
+        return SessionInfo(session_id, state, record["created_at"],
+                           dict(record.get("extra_args") or {}), end_reason, end_message)
 
     async def submit_offer(
-        self, session_id: str, sdp_offer: str, track_mapping: list[dict[str, Any]]
+        self,
+        session_id: str,
+        sdp_offer: str,
+        track_mapping: list[dict[str, Any]],
+        connection_id: int | None = None,
     ) -> int:
-        session = self._session(session_id)
-        if session.info.state == "ended":
-            raise UnknownSession(f"session {session_id} has ended")
-        if not isinstance(sdp_offer, str) or not sdp_offer.strip():
-            raise OfferRejected("sdp_offer must be a non-empty SDP string")
-        cid = next(self._ids)
-        session.latest = cid
-        if session.expiry is not None:
-            session.expiry.cancel()
-            session.expiry = None
-        if session.task is None:
-            session.info.state = "connecting"
-            session.task = asyncio.get_running_loop().create_task(
-                self._run(session, cid, sdp_offer, track_mapping)
+        record = await self._record(session_id, live=True)
+        if record["state"] == "placed":
+            return int(await self._on_replica(session_id, record, "offer", {
+                "sdp_offer": sdp_offer, "track_mapping": track_mapping,
+                "connection_id": connection_id,
+            }))
+        registered = list(record.get("registered") or [])
+        if connection_id is not None and connection_id not in registered:
+            raise UnknownSession(
+                f"unknown connection {connection_id} for session {session_id}; "
+                f"POST .../connections first"
             )
-        else:
-            # A reconnect: the replica holding the session answers it.
-            await session.mailbox.put(
-                {"type": "offer", "sdp_offer": sdp_offer, "track_mapping": track_mapping,
-                 "connection_id": cid}
-            )
+        cid = connection_id if connection_id is not None else int(record.get("next_cid", 1))
+        offer = {"sdp_offer": sdp_offer, "track_mapping": track_mapping, "connection_id": cid,
+                 "registered": connection_id is not None}
+        # While the session waits for a slot, a newer offer replaces the queued one:
+        # the replica that takes the session reads the latest from the record.
+        await self._directory.update(
+            session_id, offer=offer, state=SessionState.WAITING, latest=cid,
+            next_cid=max(int(record.get("next_cid", 1)), cid + 1),
+        )
+        if record["state"] == SessionState.CREATED or not await self._holder_alive(session_id, record):
+            self._admit(session_id)
         return cid
 
-    def poll_answer(self, session_id: str, connection_id: int | None) -> str | AnswerPending:
-        session = self._session(session_id)
-        cid = session.latest if connection_id is None else connection_id
-        if cid is None:
+    async def register_connection(self, session_id: str) -> int:
+        record = await self._record(session_id, live=True)
+        if record["state"] == "placed":
+            return int(await self._on_replica(session_id, record, "register", {}))
+        cid = int(record.get("next_cid", 1))
+        registered = [*(record.get("registered") or []), cid][-8:]
+        await self._directory.update(session_id, next_cid=cid + 1, registered=registered)
+        return cid
+
+    async def poll_answer(self, session_id: str, connection_id: int | None) -> str | AnswerPending:
+        record = await self._record(session_id)
+        error = record.get("admission_error")
+        if error is not None:
+            raise _backend_error(error)
+        if record["state"] == SessionState.ENDED:
+            raise _ended(session_id, record)
+        if record["state"] == "placed":
+            result = await self._on_replica(session_id, record, "poll",
+                                            {"connection_id": connection_id})
+            return AnswerPending(result["pending"]) if "pending" in result else result["sdp"]
+        if connection_id is not None and connection_id not in (record.get("registered") or []) \
+                and connection_id != record.get("latest"):
+            raise UnknownSession(f"unknown connection {connection_id} for session {session_id}")
+        if record["state"] == SessionState.CREATED or record.get("latest") is None:
             return AnswerPending({"status": "awaiting_offer"})
-        result = session.answers.get(cid)
-        if isinstance(result, BackendError):
-            raise result
-        if result is not None:
-            return result
-        if session in self._waiting:
-            return AnswerPending(self.queue_status(session))
-        return AnswerPending({"status": "pending"})
+        if not await self._holder_alive(session_id, record):
+            # The ingress replica that held this wait is gone: hold it here.
+            self._admit(session_id)
+        return AnswerPending(self._queue_status(session_id, record))
 
     async def add_ice_candidates(
-        self, session_id: str, candidates: list[Any], is_final: bool
+        self, session_id: str, connection_id: int | None, candidates: list[Any], is_final: bool
     ) -> None:
-        session = self._session(session_id)
-        if session.info.state == "ended":
-            raise UnknownSession(f"session {session_id} has ended")
-        await session.mailbox.put(
-            {"type": "candidates", "candidates": list(candidates), "is_final": is_final}
-        )
+        record = await self._record(session_id, live=True)
+        if record["state"] == "placed":
+            await self._on_replica(session_id, record, "candidates", {
+                "connection_id": connection_id, "candidates": candidates, "is_final": is_final,
+            })
+            return
+        batches = list(record.get("early_candidates") or [])
+        if len(batches) >= self.MAX_EARLY_CANDIDATE_BATCHES:
+            raise OfferRejected(
+                f"at most {self.MAX_EARLY_CANDIDATE_BATCHES} candidate requests are kept "
+                f"before the session has a slot"
+            )
+        batches.append({"candidates": candidates, "is_final": is_final})
+        await self._directory.update(session_id, early_candidates=batches)
 
     async def stop_session(self, session_id: str) -> None:
-        session = self._session(session_id)
-        self._end(session)
-        if session.response is not None:
-            session.response.cancel()
-        if session.task is not None:
-            await asyncio.gather(session.task, return_exceptions=True)
+        record = await self._record(session_id)
+        if record["state"] == SessionState.ENDED:
+            return
+        if record["state"] == "placed":
+            try:
+                await self._on_replica(session_id, record, "stop", {})
+            except UnknownSession:
+                pass  # it ended meanwhile, or its replica died: ended either way
+            return
+        # Not placed yet: end the record; a replica that takes the session later sees
+        # that it ended and declines it.
+        await self._directory.end(session_id, EndReason.CLIENT_CLOSED, "stopped by the client")
+        task = self._admissions.get(session_id)
+        if task is not None:
+            task.cancel()
+
+    async def stop_unnamed(self, client: ClientIdentity) -> int:
+        matched = 0
+        for session_id, record in (await self._directory.records()).items():
+            if record.get("model") != self._spec.name or record.get("client") != client.digest:
+                continue
+            if record.get("state") != "placed":
+                continue
+            try:
+                matched += int(await self._on_replica(
+                    session_id, record, "stop_unnamed", {"client": client.digest}
+                ) or 0)
+            except BackendError:
+                continue
+        return matched
+
+    async def describe_sessions(self) -> list[dict[str, Any]]:
+        described = []
+        for session_id, record in (await self._directory.records()).items():
+            if record.get("model") != self._spec.name or record.get("state") == SessionState.ENDED:
+                continue
+            described.append({
+                "session": mask_session_id(session_id),
+                "state": "queued" if record["state"] == SessionState.WAITING else record["state"],
+                "replica": record.get("replica_id"),
+                "gpu_ids": record.get("gpu_ids") or [],
+                "created_at": record.get("created_at"),
+            })
+        return described
+
+    async def health(self) -> dict[str, Any]:
+        problem = await self._problem()
+        return {"healthy": problem is None, "model": self._spec.name,
+                **({"detail": problem} if problem else {})}
 
     def ice_servers(self) -> list[dict[str, Any]]:
         return self._ice_servers
 
+    # ---- for the ingress ----------------------------------------------------------
+
+    async def end_all(self, reason: str, message: str) -> None:
+        """End every live session of this model (the application is shutting down)."""
+        for session_id, record in (await self._directory.records()).items():
+            if record.get("model") != self._spec.name or record.get("state") == SessionState.ENDED:
+                continue
+            if record.get("state") == "placed":
+                try:
+                    await self._on_replica(session_id, record, "shutdown", {})
+                except BackendError:
+                    pass
+            else:
+                await self._directory.end(session_id, reason, message)
+
+    # ---- records ------------------------------------------------------------------
+
+    async def _record(self, session_id: str, *, live: bool = False) -> SessionRecord:
+        try:
+            record = await self._directory.get(session_id)
+        except Exception as exc:
+            # The GCS is restarting: a retry in a moment will find the session.
+            log.warning("reading session %s failed: %r", mask_session_id(session_id), exc)
+            raise ModelUnavailable("the session directory is unavailable; retry shortly",
+                                   retry_after_s=1.0) from None
+        if record is None or record.get("model") != self._spec.name:
+            raise UnknownSession(f"unknown session {session_id!r} for model {self._spec.name!r}")
+        if (
+            record.get("state") == SessionState.CREATED
+            and time.time() - float(record.get("created_at", 0)) > self.OFFER_TIMEOUT_S
+        ):
+            await self._directory.end(session_id, EndReason.TIMEOUT,
+                                      f"no offer came within {self.OFFER_TIMEOUT_S:g} s")
+            record = await self._directory.get(session_id) or record
+        if live and record.get("state") == SessionState.ENDED:
+            raise _ended(session_id, record)
+        return record
+
+    async def _on_replica(
+        self, session_id: str, record: SessionRecord, op: str, args: dict[str, Any]
+    ) -> Any:
+        """Run `op` on the replica that owns the session; its death ends the session."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            actor = self._actor(record["replica"], record.get("replica_namespace") or SERVE_ACTOR_NAMESPACE)
+            ref = actor.__ray_call__.remote(control_call, op, session_id, args)
+            result = await asyncio.wait_for(ref, self.CONTROL_TIMEOUT_S)
+        except (RayActorError, ValueError) as exc:
+            log.warning("session %s: its replica %s is gone: %r", mask_session_id(session_id),
+                        record.get("replica"), exc)
+            await self._directory.end(session_id, EndReason.ERROR, REPLICA_DIED)
+            raise UnknownSession(f"session {session_id} has ended: error: {REPLICA_DIED}") from None
+        except (asyncio.TimeoutError, GetTimeoutError):
+            raise ModelUnavailable(
+                f"the replica running session {session_id} did not answer within "
+                f"{self.CONTROL_TIMEOUT_S:g} s", retry_after_s=1.0,
+            ) from None
+        if "error" in result:
+            raise _backend_error(result["error"])
+        return result["ok"]
+
+    def _actor(self, name: str, namespace: str) -> Any:
+        import ray
+
+        key = (name, namespace)
+        actor = self._actors.get(key)
+        if actor is None:
+            actor = self._actors[key] = ray.get_actor(name, namespace=namespace)
+            while len(self._actors) > 1024:
+                self._actors.pop(next(iter(self._actors)))
+        return actor
+
+    async def _holder_alive(self, session_id: str, record: SessionRecord) -> bool:
+        holder = record.get("holder")
+        if not holder:
+            return False
+        if holder == self._me:
+            return session_id in self._admissions
+        import ray
+
+        try:
+            await asyncio.to_thread(
+                ray.get_actor, holder, namespace=record.get("holder_namespace") or SERVE_ACTOR_NAMESPACE
+            )
+        except ValueError:
+            return False
+        return True
+
+    # ---- admission ----------------------------------------------------------------
+
+    def _admit(self, session_id: str) -> None:
+        if session_id in self._admissions:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._hold(session_id), name=f"reactor-admission-{mask_session_id(session_id)}"
+        )
+        self._admissions[session_id] = task
+        task.add_done_callback(lambda _: self._admissions.pop(session_id, None))
+
+    async def _hold(self, session_id: str) -> None:
+        """Issue the session's slot call and watch it to its end."""
+        from ray.exceptions import RayActorError
+
+        settings = await self._model_settings()
+        timeout = float(settings.get("admission_timeout_s", 60.0))
+        self._queued_at[session_id] = time.monotonic()
+        self._queue.append(session_id)
+        self._report_waiting()
+        placed = False
+        try:
+            await self._directory.update(session_id, holder=self._me, queued_at=time.time(),
+                                         holder_namespace=SERVE_ACTOR_NAMESPACE)
+            response = self.handle.options(stream=True).session.remote({"session_id": session_id})
+            try:
+                first = await asyncio.wait_for(response.__anext__(), timeout)
+            except asyncio.TimeoutError:
+                response.cancel()
+                retry = max(1.0, self._recent_wait_s or 5.0)
+                await self._directory.update(session_id, admission_error={
+                    "kind": "AdmissionTimeout", "status": 503, "retry_after_s": retry,
+                    "message": f"model {self._spec.name!r}: every replica is busy and none "
+                               f"freed up within {timeout:g} s; try again",
+                })
+                await self._directory.end(session_id, EndReason.TIMEOUT, "no slot was free in time")
+                return
+            finally:
+                self._leave_queue(session_id)
+            if first.get("type") == "rejected":
+                await self._directory.update(session_id, admission_error={
+                    "kind": first.get("kind") or "OfferRejected",
+                    "status": first.get("status", 400), "message": first.get("detail", ""),
+                    "retry_after_s": first.get("retry_after_s"),
+                })
+                await self._directory.end(session_id, EndReason.ERROR, first.get("detail"))
+                return
+            placed = True
+            async for _ in response:
+                pass
+        except asyncio.CancelledError:
+            raise
+        except (RayActorError, Exception) as exc:  # noqa: B014 - named for the reader
+            log.warning("session %s: the replica call failed: %r", mask_session_id(session_id), exc)
+            await self._directory.end(
+                session_id, EndReason.ERROR,
+                REPLICA_DIED if placed else f"the session could not be placed: {type(exc).__name__}",
+            )
+
+    def _leave_queue(self, session_id: str) -> None:
+        if session_id in self._queue:
+            self._queue.remove(session_id)
+            waited = time.monotonic() - self._queued_at.pop(session_id, time.monotonic())
+            self._recent_wait_s = (
+                waited if self._recent_wait_s is None else 0.7 * self._recent_wait_s + 0.3 * waited
+            )
+            if self._metrics is not None:
+                self._metrics.wait.observe(waited, tags={"model": self._spec.name})
+        self._report_waiting()
+
+    def _queue_status(self, session_id: str, record: SessionRecord) -> dict[str, Any]:
+        # The position is exact at the ingress replica that holds the wait, and
+        # unknown at the others (Serve's queue is per caller).
+        position = self._queue.index(session_id) + 1 if session_id in self._queue else None
+        eta = None
+        if self._recent_wait_s is not None and position is not None:
+            eta = round(self._recent_wait_s * position, 1)
+        waited = time.time() - float(record.get("queued_at") or time.time())
+        return {"status": "queued", "position": position, "eta_s": eta,
+                "waited_s": round(max(0.0, waited), 1)}
+
+    def _report_waiting(self) -> None:
+        if self._metrics is not None:
+            self._metrics.waiting.set(len(self._queue), tags={"model": self._spec.name})
+
+    # ---- model availability -------------------------------------------------------
+
+    async def _model_settings(self) -> dict[str, Any]:
+        now = time.monotonic()
+        if self._settings is None or now - self._settings[0] > self.STATUS_TTL_S:
+            try:
+                self._settings = (now, await self._directory.model_settings(self._spec.name))
+            except Exception:
+                self._settings = (now, {})
+        return self._settings[1]
+
     async def _check_available(self) -> None:
-        """Refuse sessions while the model's deployment cannot run any (its load()
-        failed): the client gets the model's error instead of a wait that never ends."""
+        problem = await self._problem()
+        if problem:
+            raise ModelUnavailable(problem, retry_after_s=5.0)
+
+    async def _problem(self) -> str | None:
+        """Why the model's deployment cannot run any session (its load() failed),
+        so a client gets the model's error instead of a wait that never ends."""
         now = time.monotonic()
         if self._status is None or now - self._status[0] > self.STATUS_TTL_S:
             self._status = (now, await asyncio.to_thread(self._read_status))
-        problem = self._status[1]
-        if problem:
-            raise ModelUnavailable(problem)
+        return self._status[1]
 
     def _read_status(self) -> str | None:
         try:
@@ -200,9 +461,9 @@ class ServeBackend:
 
             context = serve.get_replica_context()
             app = serve.status().applications[context.app_name]
-            deployment = app.deployments[f"model-{self._spec.name}"]
+            deployment = app.deployments[self._deployment]
         except Exception:
-            return None  # outside Serve (tests), or the controller is busy: let it try
+            return None  # outside Serve, or the controller is busy: let it try
         if deployment.replica_states.get("RUNNING", 0) == 0 and str(deployment.status) in (
             "DeploymentStatus.DEPLOY_FAILED", "DeploymentStatus.UNHEALTHY",
             "DEPLOY_FAILED", "UNHEALTHY",
@@ -212,148 +473,29 @@ class ServeBackend:
             return f"model {self._spec.name!r} is not available: {detail}"
         return None
 
-    # ---- for the replica --------------------------------------------------------------
 
-    async def take(self, session_id: str, timeout: float) -> list[dict[str, Any]]:
-        """Messages for a live session, waiting up to `timeout` for the first."""
-        session = self._sessions.get(session_id)
-        if session is None:
-            return [{"type": "stop"}]
-        try:
-            first = await asyncio.wait_for(session.mailbox.get(), timeout)
-        except asyncio.TimeoutError:
-            return []
-        messages = [first]
-        while not session.mailbox.empty():
-            messages.append(session.mailbox.get_nowait())
-        return messages
+def _ended(session_id: str, record: SessionRecord) -> UnknownSession:
+    reason = record.get("end_reason") or "ended"
+    message = record.get("end_message")
+    return UnknownSession(
+        f"session {session_id} has ended: {reason}" + (f": {message}" if message else "")
+    )
 
-    def describe_sessions(self) -> list[dict[str, Any]]:
-        """Live and waiting sessions, for operators."""
-        return [
-            {
-                "session_id": s.info.session_id,
-                "state": "queued" if s in self._waiting else s.info.state,
-                "replica": s.replica,
-                "gpu_ids": s.gpu_ids,
-                "created_at": s.info.created_at,
-            }
-            for s in self._sessions.values()
-            if s.info.state != "ended"
-        ]
 
-    def queue_status(self, session: _Session) -> dict[str, Any]:
-        position = self._waiting.index(session) + 1 if session in self._waiting else 0
-        eta = None
-        if self._recent_wait_s is not None:
-            eta = round(self._recent_wait_s * position, 1)
-        waited = time.monotonic() - session.waiting_since if session.waiting_since else 0.0
-        return {"status": "queued", "position": position, "eta_s": eta, "waited_s": round(waited, 1)}
+def _backend_error(error: dict[str, Any]) -> BackendError:
+    """The BackendError a replica (or a failed admission) reported, by its kind."""
+    kind = getattr(contract, str(error.get("kind")), None)
+    if kind is None and error.get("kind") == "AdmissionTimeout":
+        kind = AdmissionTimeout
+    if not (isinstance(kind, type) and issubclass(kind, BackendError)):
+        kind = OfferRejected if int(error.get("status", 400)) < 500 else ModelUnavailable
+    return kind(str(error.get("message", "")), error.get("retry_after_s"))
 
-    # ---- the session call ---------------------------------------------------------------
 
-    async def _run(self, session: _Session, cid: int, sdp: str, mapping: list[Any]) -> None:
-        request = {
-            "session_id": session.info.session_id,
-            "sdp_offer": sdp,
-            "track_mapping": mapping,
-            "connection_id": cid,
-        }
-        session.waiting_since = time.monotonic()
-        self._waiting.append(session)
-        self._report_waiting()
-        try:
-            response = self.handle.options(stream=True).session.remote(request)
-            session.response = response
-            try:
-                first = await asyncio.wait_for(
-                    response.__anext__(), self.entry.admission_timeout_s
-                )
-            except asyncio.TimeoutError:
-                response.cancel()
-                session.answers[cid] = AdmissionTimeout(
-                    f"model {self._spec.name!r}: every replica is busy and none freed up "
-                    f"within {self.entry.admission_timeout_s:g} s; try again",
-                    retry_after_s=max(1.0, self._recent_wait_s or 5.0),
-                )
-                return
-            finally:
-                self._leave_queue(session)
-            if not self._settle(session, first, cid):
-                return
-            session.info.state = "live"
-            async for event in response:
-                if event.get("type") == "ended":
-                    break
-                self._settle(session, event, cid)
-        except (asyncio.CancelledError, StopAsyncIteration, RequestCancelledError):
-            pass  # the session was stopped: cancelling the call is how it ends
-        except Exception as exc:
-            log.warning("session %s: the replica call failed: %r", session.info.session_id, exc)
-            if session.latest is not None and session.latest not in session.answers:
-                session.answers[session.latest] = SessionLost(
-                    f"the replica running session {session.info.session_id} failed: "
-                    f"{type(exc).__name__}"
-                )
-        finally:
-            self._end(session)
+def _own_actor_name() -> str | None:
+    try:
+        import ray
 
-    def _settle(self, session: _Session, event: dict[str, Any], default_cid: int) -> bool:
-        """Record an event from the replica; False when it ends the session."""
-        cid = event.get("connection_id") or default_cid
-        if event.get("type") == "answer":
-            session.answers[cid] = event["sdp"]
-            if event.get("replica"):
-                session.replica = event["replica"]
-                session.gpu_ids = list(event.get("gpu_ids") or [])
-            return True
-        if event.get("type") == "rejected":
-            status = event.get("status", 400)
-            error: BackendError = (
-                ModelBusy(event["detail"]) if status == 409 else OfferRejected(event["detail"])
-            )
-            session.answers[cid] = error
-            # A rejected reconnect leaves the session as it was; a rejected first offer
-            # ends it.
-            return session.info.state == "live"
-        return True
-
-    def _leave_queue(self, session: _Session) -> None:
-        if session in self._waiting:
-            self._waiting.remove(session)
-            waited = time.monotonic() - (session.waiting_since or time.monotonic())
-            self._recent_wait_s = (
-                waited if self._recent_wait_s is None else 0.7 * self._recent_wait_s + 0.3 * waited
-            )
-            if self._metrics is not None:
-                self._metrics.wait.observe(waited, tags={"model": self._spec.name})
-        self._report_waiting()
-
-    def _report_waiting(self) -> None:
-        if self._metrics is not None:
-            self._metrics.waiting.set(len(self._waiting), tags={"model": self._spec.name})
-
-    def _end(self, session: _Session) -> None:
-        if session.info.state != "ended":
-            session.info.state = "ended"
-            session.ended_at = time.monotonic()
-        if session.expiry is not None:
-            session.expiry.cancel()
-            session.expiry = None
-        self._leave_queue(session)
-
-    def _expire(self, session: _Session) -> None:
-        if session.task is None:
-            self._end(session)
-
-    def _session(self, session_id: str) -> _Session:
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise UnknownSession(f"unknown session {session_id!r} for model {self._spec.name!r}")
-        return session
-
-    def _forget_old(self) -> None:
-        now = time.monotonic()
-        for sid, session in list(self._sessions.items()):
-            if session.ended_at is not None and now - session.ended_at > self.KEEP_ENDED_S:
-                del self._sessions[sid]
+        return ray.get_runtime_context().get_actor_name()
+    except Exception:
+        return None

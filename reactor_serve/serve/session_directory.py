@@ -1,0 +1,131 @@
+"""`SessionDirectory`: where a session lives, kept in Ray's GCS key-value store.
+
+The ingress keeps no state whose loss ends a session: a session's record says which
+model it belongs to, who started it (a `ClientIdentity` digest), what it was started
+with, whether it waits for a slot (and which ingress replica holds that wait), which
+model replica owns it once placed, and how it ended. Any ingress replica reads it,
+so any ingress replica answers any request about any session, and a killed or
+redeployed ingress loses nothing. The GCS outlives every Serve actor (and with GCS
+fault tolerance, the head's restarts too).
+
+Writes happen at the few moments a session changes hands (created, queued, placed,
+ended), never while it streams: an idle live session costs the control plane
+nothing. The records are small JSON objects under one prefix per application.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+__all__ = ["SessionDirectory", "SessionRecord"]
+
+_NAMESPACE = "reactor_serve"
+
+SessionRecord = dict[str, Any]
+
+
+def _kv() -> Any:
+    # Ray's own GCS key-value store (what Serve keeps its checkpoints in); imported
+    # late so that this module imports without Ray initialised.
+    from ray.experimental import internal_kv
+
+    return internal_kv
+
+
+class SessionDirectory:
+    """Session records of one Serve application.
+
+    Record fields: `model`, `created_at` (wall clock), `extra_args`, `client`
+    (identity digest), `state` (created | waiting | placed | ended), `holder` (the
+    actor name of the ingress replica holding the slot wait), `replica` (the actor
+    name of the model replica that owns the session), `admission_error`
+    (`{"status", "detail", "retry_after_s"}` when no slot was had), `end_reason`,
+    `end_message`, `ended_at`.
+    """
+
+    # Ended sessions are remembered this long, so a late poll learns why.
+    KEEP_ENDED_S = 300.0
+
+    def __init__(self, app_name: str) -> None:
+        self._prefix = f"{app_name}/session/"
+        self._models_prefix = f"{app_name}/model/"
+
+    def _key(self, session_id: str) -> bytes:
+        return (self._prefix + session_id).encode()
+
+    # ---- sessions ---------------------------------------------------------------
+
+    async def put(self, session_id: str, record: SessionRecord) -> None:
+        data = json.dumps(record, allow_nan=False).encode()
+        await asyncio.to_thread(_kv()._internal_kv_put, self._key(session_id), data,
+                                True, namespace=_NAMESPACE)
+
+    async def get(self, session_id: str) -> SessionRecord | None:
+        raw = await asyncio.to_thread(_kv()._internal_kv_get, self._key(session_id),
+                                      namespace=_NAMESPACE)
+        if raw is None:
+            return None
+        record: SessionRecord = json.loads(raw)
+        if record.get("state") == "ended" and time.time() - record.get("ended_at", 0) > self.KEEP_ENDED_S:
+            await self.delete(session_id)
+            return None
+        return record
+
+    async def update(self, session_id: str, **fields: Any) -> SessionRecord | None:
+        """Merge `fields` into the record; None when there is no record.
+
+        Not atomic: each field has one writer at a time (the ingress until the session
+        is placed, then its replica), which is what keeps this safe.
+        """
+        record = await self.get(session_id)
+        if record is None:
+            return None
+        record.update(fields)
+        await self.put(session_id, record)
+        return record
+
+    async def end(self, session_id: str, reason: str, message: str | None) -> None:
+        record = await self.get(session_id)
+        if record is None or record.get("state") == "ended":
+            return
+        record.update(state="ended", end_reason=reason, end_message=message, ended_at=time.time())
+        await self.put(session_id, record)
+
+    async def delete(self, session_id: str) -> None:
+        await asyncio.to_thread(_kv()._internal_kv_del, self._key(session_id),
+                                namespace=_NAMESPACE)
+
+    async def records(self) -> dict[str, SessionRecord]:
+        """Every record of the application, for operators and shutdown: O(sessions),
+        never on a session's own path."""
+        keys = await asyncio.to_thread(_kv()._internal_kv_list, self._prefix.encode(),
+                                       namespace=_NAMESPACE)
+        found: dict[str, SessionRecord] = {}
+        for key in keys:
+            session_id = key.decode()[len(self._prefix):]
+            record = await self.get(session_id)
+            if record is not None:
+                found[session_id] = record
+        return found
+
+    # ---- per-model settings the ingress needs -----------------------------------
+
+    async def publish_model(self, name: str, settings: dict[str, Any]) -> None:
+        data = json.dumps(settings, allow_nan=False).encode()
+        await asyncio.to_thread(_kv()._internal_kv_put, (self._models_prefix + name).encode(),
+                                data, True, namespace=_NAMESPACE)
+
+    def publish_model_sync(self, name: str, settings: dict[str, Any]) -> None:
+        """From the application builder, which runs outside any event loop."""
+        _kv()._internal_kv_put((self._models_prefix + name).encode(),
+                               json.dumps(settings, allow_nan=False).encode(), True,
+                               namespace=_NAMESPACE)
+
+    async def model_settings(self, name: str) -> dict[str, Any]:
+        raw = await asyncio.to_thread(_kv()._internal_kv_get,
+                                      (self._models_prefix + name).encode(),
+                                      namespace=_NAMESPACE)
+        return json.loads(raw) if raw else {}
