@@ -160,3 +160,96 @@ def test_js_sdk_against_serve(page, sdk_page, serve_examples):
         return len(httpx.get(f"{api_url}/sessions", timeout=5).json()["sessions"])
 
     _drive_sdk(page, sdk_page, api_url, live_sessions)
+
+
+# --------------------------------------------------------------------------- reconnect
+
+
+def _session_state(api_url, session_id):
+    reply = httpx.get(f"{api_url}/session", params={"session_id": session_id}, timeout=5)
+    assert reply.status_code == 200, f"GET /session -> {reply.status_code} {reply.text}"
+    return reply.json()
+
+
+def _frames_on_newest_track(page):
+    return page.evaluate("() => sdkTest.presented - sdkTest.presentedAtTrack")
+
+
+def _drive_sdk_reconnect(page, page_url, api_url):
+    """disconnect(true) then reconnect(): the same session, the model's state kept."""
+    http_problems = []
+    page.on("response", lambda r: r.status >= 400 and http_problems.append(
+        f"{r.request.method} {r.url} -> {r.status}"))
+    requests = []
+    page.on("request", lambda r: requests.append(f"{r.method} {r.url}"))
+
+    page.goto(f"{page_url}?{urlencode({'apiUrl': api_url, 'modelName': 'gradient'})}")
+
+    def ready():
+        state = _sdk_state(page)
+        if state and state["errors"]:
+            raise AssertionError(f"the SDK reported errors: {state}; HTTP: {http_problems}")
+        return state and state["statuses"][-1] == "ready"
+
+    wait_for(ready, 30, "the SDK's status to reach 'ready'")
+    session_id = page.evaluate("() => sdkTest.sessionId()")
+    assert isinstance(session_id, str) and session_id
+    wait_for(lambda: _frames_on_newest_track(page) > 10, 15, "the first video frames")
+    normal = wait_for(lambda: (b := brightness(page, VIDEO)) and b > 30 and b, 10,
+                      "a bright frame")
+    page.evaluate("() => sdkTest.sendCommand('set_brightness', {brightness: 0.2})")
+    wait_for(lambda: (b := brightness(page, VIDEO)) is not None and b < normal * 0.4, 10,
+             f"the video to darken after set_brightness 0.2 (bright: {normal:.0f})")
+    wait_for(lambda: _session_state(api_url, session_id)["state"] == "streaming", 10,
+             "the server to report the session streaming")
+
+    # The drop: the SDK closes its peer connection and keeps the session.
+    page.evaluate("() => sdkTest.disconnect(true)")
+    assert _sdk_state(page)["statuses"][-1] == "disconnected"
+    assert page.evaluate("() => sdkTest.sessionId()") == session_id
+    assert not [r for r in requests if "stop_session" in r], requests
+    orphaned = wait_for(lambda: (s := _session_state(api_url, session_id))["state"] != "streaming"
+                        and s, 15, "the server to notice the closed peer connection")
+    assert orphaned["state"] == "orphaned", orphaned
+
+    page.evaluate("() => sdkTest.reconnect()")
+    wait_for(ready, 30, "the SDK to be 'ready' again after reconnect()")
+    state = _sdk_state(page)
+    assert state["statuses"][-2:] == ["connecting", "ready"], state
+    assert state["tracks"].count("main_video") == 2, state  # a new transport's track
+    assert page.evaluate("() => sdkTest.sessionId()") == session_id
+    assert any(r.startswith("PUT ") and f"/sessions/{session_id}/" in r and "sdp_params" in r
+               for r in requests), requests
+    after = _session_state(api_url, session_id)
+    assert after["session_id"] == session_id and after["state"] == "streaming", after
+
+    # Frames flow on the new track, and they are still dark: the model kept its state.
+    wait_for(lambda: _frames_on_newest_track(page) > 10, 15,
+             "video frames on the reconnected track")
+    for _ in range(5):
+        seen = _frames_on_newest_track(page)
+        wait_for(lambda: _frames_on_newest_track(page) > seen + 2, 10, "more video frames")
+        dark = brightness(page, VIDEO)
+        assert dark is not None and dark < normal * 0.4, (
+            f"after reconnect() the picture is bright again ({dark:.0f} vs {normal:.0f} at "
+            f"brightness 1): the model lost its state")
+    assert _sdk_state(page)["errors"] == []
+    assert http_problems == [], http_problems
+
+    page.evaluate("() => sdkTest.disconnect()")
+    ended = wait_for(lambda: (s := _session_state(api_url, session_id))["state"] == "ended" and s,
+                     15, "the server to end the session")
+    assert ended["end_reason"] == "client_closed", ended
+
+
+def test_js_sdk_reconnect_keeps_the_session_against_reactor_run(page, sdk_page, reactor_run):
+    run = reactor_run(GRADIENT)
+    try:
+        _drive_sdk_reconnect(page, sdk_page, run.url)
+    except BaseException:
+        print(f"reactor run output:\n{run.output()}")
+        raise
+
+
+def test_js_sdk_reconnect_keeps_the_session_against_serve(page, sdk_page, serve_examples):
+    _drive_sdk_reconnect(page, sdk_page, f"{serve_examples}/models/gradient")

@@ -16,11 +16,23 @@ const sdkTest = {
   errors: [],
   messages: [],
   runtimeMessages: [],
+  // Frames the <video> presented, across track changes (a reconnect brings a new
+  // track); presentedAtTrack: the count when the newest main_video track came.
+  presented: 0,
+  presentedAtTrack: 0,
   async sendCommand(name, data) {
     await reactor.sendCommand(name, data);
   },
-  async disconnect() {
-    await reactor.disconnect();
+  // disconnect(true) keeps the session for reconnect(): no stop_session, only the
+  // peer connection is closed.
+  async disconnect(recoverable = false) {
+    await reactor.disconnect(recoverable);
+  },
+  async reconnect() {
+    await reactor.reconnect();
+  },
+  sessionId() {
+    return reactor.getSessionId();
   },
 };
 window.sdkTest = sdkTest;
@@ -28,8 +40,18 @@ window.sdkTest = sdkTest;
 reactor.on("statusChanged", (status) => sdkTest.statuses.push(status));
 reactor.on("trackReceived", (name, track) => {
   sdkTest.tracks.push(name);
-  if (name === "main_video") video.srcObject = new MediaStream([track]);
+  if (name === "main_video") {
+    sdkTest.presentedAtTrack = sdkTest.presented;
+    video.srcObject = new MediaStream([track]);
+  }
 });
+
+function countFrame() {
+  sdkTest.presented += 1;
+  video.requestVideoFrameCallback(countFrame);
+}
+video.requestVideoFrameCallback(countFrame);
+
 reactor.on("message", (message) => sdkTest.messages.push(message));
 reactor.on("runtimeMessage", (message) => sdkTest.runtimeMessages.push(message?.type));
 reactor.on("error", (error) => sdkTest.errors.push(`${error.code}: ${error.message}`));
