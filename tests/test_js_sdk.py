@@ -25,6 +25,7 @@ JS_SDK = Path(__file__).parent / "js_sdk"
 GRADIENT = Path(__file__).parent.parent / "examples" / "gradient"
 SDK_VERSION = "2.9.0"
 VIDEO = "#video"
+OPERATOR_TOKEN = "op"
 
 
 def _npm_ci_needed():
@@ -153,11 +154,28 @@ def test_js_sdk_against_reactor_run(page, sdk_page, reactor_run):
         raise
 
 
-def test_js_sdk_against_serve(page, sdk_page, serve_examples):
-    api_url = f"{serve_examples}/models/gradient"
+@pytest.fixture(scope="module")
+def serve_gradient(ray_serve):
+    """The gradient alone on the test session's Serve, in an app of this module's own
+    (a session another module leaves behind on a shared app would hold its one replica
+    longer than the SDK polls for an answer); its base URL."""
+    url = ray_serve.deploy("sdk", {"operator_token": OPERATOR_TOKEN, "models": [
+        {"path": "examples/gradient", "min_replicas": 1, "max_replicas": 1, "warm_spares": 0,
+         "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}},
+    ]})
+    yield f"{url}/models/gradient"
+    ray_serve.delete("sdk")
+
+
+def test_js_sdk_against_serve(page, sdk_page, serve_gradient):
+    api_url = serve_gradient
 
     def live_sessions():
-        return len(httpx.get(f"{api_url}/sessions", timeout=5).json()["sessions"])
+        # Session lists are for operators only.
+        reply = httpx.get(f"{api_url}/sessions", headers={"X-Operator-Token": OPERATOR_TOKEN},
+                          timeout=5)
+        assert reply.status_code == 200, f"GET /sessions -> {reply.status_code} {reply.text}"
+        return len(reply.json()["sessions"])
 
     _drive_sdk(page, sdk_page, api_url, live_sessions)
 
@@ -251,5 +269,5 @@ def test_js_sdk_reconnect_keeps_the_session_against_reactor_run(page, sdk_page, 
         raise
 
 
-def test_js_sdk_reconnect_keeps_the_session_against_serve(page, sdk_page, serve_examples):
-    _drive_sdk_reconnect(page, sdk_page, f"{serve_examples}/models/gradient")
+def test_js_sdk_reconnect_keeps_the_session_against_serve(page, sdk_page, serve_gradient):
+    _drive_sdk_reconnect(page, sdk_page, serve_gradient)
