@@ -36,15 +36,18 @@ async def wait_until(predicate, timeout, what):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+OPERATOR = {"X-Operator-Token": "op"}
+
+
 async def sessions_of(url):
     async with httpx.AsyncClient() as http:
-        reply = await http.get(f"{url}/sessions")
+        reply = await http.get(f"{url}/sessions", headers=OPERATOR)
         assert reply.status_code == 200, reply.text
         return reply.json()["sessions"]
 
 
 async def test_concurrent_sessions_land_on_replicas_with_their_own_gpu(ray_serve):
-    url = ray_serve.deploy("pair", {"models": [
+    url = ray_serve.deploy("pair", {"operator_token": "op", "models": [
         {"path": GRADIENT, "min_replicas": 2, "max_replicas": 2, "warm_spares": 0,
          "cpus_per_replica": 0.5}]})
     model = f"{url}/models/gradient"
@@ -185,7 +188,7 @@ async def test_run_error_ends_that_session_and_the_replica_serves_the_next(ray_s
 async def test_a_killed_replica_ends_its_session_and_the_next_lands_on_a_healthy_one(ray_serve):
     import ray
 
-    url = ray_serve.deploy("kill", {"models": [
+    url = ray_serve.deploy("kill", {"operator_token": "op", "models": [
         {"path": GRADIENT, "min_replicas": 2, "max_replicas": 2, "warm_spares": 0,
          "cpus_per_replica": 0.5}]})
     model = f"{url}/models/gradient"

@@ -125,7 +125,11 @@ class ModelReplica:
             offer = record.get("offer") or {}
             fresh = await directory.get(session_id) or record
             offer = fresh.get("offer") or offer
-            for _ in range(int(offer.get("connection_id") or 1) - 1):
+            # Connection ids count from 1 per session: mint the ones the client was
+            # handed while the session waited (a registered one included), so the
+            # replica's ids are the client's.
+            cid = int(offer.get("connection_id") or 1)
+            for _ in range(cid if offer.get("registered") else cid - 1):
                 await self.sessions.register_connection(session_id)
             try:
                 await self.sessions.submit_offer(

@@ -87,6 +87,7 @@ class ServeBackend:
         self._deployment = deployment_name or f"model-{spec.name}"
         # Sessions whose slot wait this ingress replica holds: session id -> task.
         self._admissions: dict[str, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._queue: list[str] = []
         self._queued_at: dict[str, float] = {}
         self._recent_wait_s: float | None = None
@@ -417,17 +418,36 @@ class ServeBackend:
         self._report_waiting()
 
     def _queue_status(self, session_id: str, record: SessionRecord) -> dict[str, Any]:
-        # The position is exact at the ingress replica that holds the wait, and
-        # unknown at the others (Serve's queue is per caller).
-        position = self._queue.index(session_id) + 1 if session_id in self._queue else None
-        eta = None
-        if self._recent_wait_s is not None and position is not None:
-            eta = round(self._recent_wait_s * position, 1)
+        # Serve's queue is per caller, so the ingress replica holding the wait knows
+        # the position; it publishes it in the record for the others to read.
+        if session_id in self._queue:
+            position: int | None = self._queue.index(session_id) + 1
+            eta = self._eta(position)
+        else:
+            position, eta = record.get("position"), record.get("eta_s")
         waited = time.time() - float(record.get("queued_at") or time.time())
         return {"status": "queued", "position": position, "eta_s": eta,
                 "waited_s": round(max(0.0, waited), 1)}
 
+    def _eta(self, position: int) -> float | None:
+        if self._recent_wait_s is None:
+            return None
+        return round(self._recent_wait_s * position, 1)
+
+    async def _publish_positions(self) -> None:
+        for index, session_id in enumerate(list(self._queue)):
+            try:
+                await self._directory.update(session_id, position=index + 1,
+                                             eta_s=self._eta(index + 1))
+            except Exception:
+                log.warning("publishing the queue position of %s failed",
+                            mask_session_id(session_id), exc_info=True)
+
     def _report_waiting(self) -> None:
+        if self._queue:
+            task = asyncio.get_running_loop().create_task(self._publish_positions())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         if self._metrics is not None:
             self._metrics.waiting.set(len(self._queue), tags={"model": self._spec.name})
 
