@@ -35,11 +35,11 @@ def field_problems(exc: ValidationError, prefix: str = "") -> list[str]:
     for error in exc.errors():
         path = ".".join(str(part) for part in error["loc"])
         field = f"{prefix}.{path}" if prefix and path else (prefix or path or "(body)")
-        lines.append(f"field '{field}': {_describe(error)}")
+        lines.append(f"field '{field}': {_problem(error)}")
     return lines
 
 
-def _describe(error: Mapping[str, Any]) -> str:
+def _problem(error: Mapping[str, Any]) -> str:
     kind = error["type"]
     if kind == "missing":
         return "required field is missing"

@@ -56,8 +56,9 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
             entry.max_session_s,
             admission_timeout_s=entry.admission_timeout_s,
         )
-        # Only what names the model: its settings travel with its own deployment, so
-        # changing them redeploys that model and not the ingress.
+        # Only what names the model: its settings travel with its own deployment.
+        # (Serve still restarts every deployment when the app's args change; the
+        # ingress holds nothing, and busy replicas drain, so live sessions go on.)
         models.append({"name": name, "path": str(path)})
     ingress = make_ingress(args.auth_token, args.operator_token).options(
         # Stateless (sessions live in their replicas, records in the GCS): two or more

@@ -9,7 +9,7 @@ runs its session.
 Nothing a session needs lives here (see `ServeBackend`): the ingress runs two or more
 replicas, any of them answers any request, and killing or redeploying one leaves
 every session streaming. Its init args name the models and nothing of their
-settings, so changing one model's settings redeploys that model alone.
+settings.
 """
 
 from __future__ import annotations

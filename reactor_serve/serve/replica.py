@@ -81,7 +81,7 @@ class ModelReplica:
         self._directory = SessionDirectory(self._identity["app"]) if self._identity else None
         if self._directory is not None:
             # What the ingress needs to know of this model, published by the model
-            # itself: a change of these settings redeploys this model alone.
+            # itself, so the ingress's args never carry a model's settings.
             self._directory.publish_model_sync(
                 model_name, {"admission_timeout_s": admission_timeout_s}
             )
@@ -106,6 +106,11 @@ class ModelReplica:
             yield {"type": "rejected", "status": 404,
                    "detail": f"session {session_id} ended before a slot was free"}
             return
+        if record.get("replica"):
+            # Already placed: a wait taken over by another ingress replica raced the
+            # first. The session lives where it is; this slot stays free.
+            yield {"type": "placed_elsewhere"}
+            return
         try:
             await self.sessions.create_session(
                 dict(record.get("extra_args") or {}),
@@ -117,14 +122,19 @@ class ModelReplica:
             return
         placed = False
         try:
-            await directory.update(
-                session_id, state="placed", replica=self._identity["actor"],
-                replica_namespace=self._identity["namespace"],
-                replica_id=self._identity["replica_id"], gpu_ids=_gpu_ids(),
-            )
-            offer = record.get("offer") or {}
+            placement = {
+                "state": "placed", "replica": self._identity["actor"],
+                "replica_namespace": self._identity["namespace"],
+                "replica_id": self._identity["replica_id"], "gpu_ids": _gpu_ids(),
+            }
+            await directory.update(session_id, **placement)
+            # The ingress may have rewritten the record (a newer offer, candidates)
+            # between our read and write: read it again, and place it again if that
+            # write undid ours. From here on only this replica writes it.
             fresh = await directory.get(session_id) or record
-            offer = fresh.get("offer") or offer
+            if fresh.get("replica") != placement["replica"]:
+                fresh = await directory.update(session_id, **placement) or fresh
+            offer = fresh.get("offer") or record.get("offer") or {}
             # Connection ids count from 1 per session: mint the ones the client was
             # handed while the session waited (a registered one included), so the
             # replica's ids are the client's.
@@ -145,6 +155,10 @@ class ModelReplica:
                 await directory.end(session_id, EndReason.ERROR, str(exc))
                 yield _rejected(exc)
                 return
+            # Once more, now that negotiating took a moment: a write from the
+            # ingress that read the record before our placement lands by now.
+            if (await directory.get(session_id) or {}).get("replica") != placement["replica"]:
+                await directory.update(session_id, **placement)
             placed = True
             self.sessions_started += 1
             self._metrics.session_started()

@@ -152,7 +152,9 @@ class ServeBackend:
             session_id, offer=offer, state=SessionState.WAITING, latest=cid,
             next_cid=max(int(record.get("next_cid", 1)), cid + 1),
         )
-        if record["state"] == SessionState.CREATED or not await self._holder_alive(session_id, record):
+        if record["state"] == SessionState.CREATED or (
+            not record.get("replica") and not await self._holder_alive(session_id, record)
+        ):
             self._admit(session_id)
         return cid
 
@@ -181,10 +183,10 @@ class ServeBackend:
             raise UnknownSession(f"unknown connection {connection_id} for session {session_id}")
         if record["state"] == SessionState.CREATED or record.get("latest") is None:
             return AnswerPending({"status": "awaiting_offer"})
-        if not await self._holder_alive(session_id, record):
+        if not record.get("replica") and not await self._holder_alive(session_id, record):
             # The ingress replica that held this wait is gone: hold it here.
             self._admit(session_id)
-        return AnswerPending(self._queue_status(session_id, record))
+        return AnswerPending(await self._queue_status(session_id, record))
 
     async def add_ice_candidates(
         self, session_id: str, connection_id: int | None, candidates: list[Any], is_final: bool
@@ -386,6 +388,8 @@ class ServeBackend:
                 return
             finally:
                 self._leave_queue(session_id)
+            if first.get("type") == "placed_elsewhere":
+                return  # another ingress replica's call placed it first
             if first.get("type") == "rejected":
                 await self._directory.update(session_id, admission_error={
                     "kind": first.get("kind") or "OfferRejected",
@@ -409,6 +413,7 @@ class ServeBackend:
     def _leave_queue(self, session_id: str) -> None:
         if session_id in self._queue:
             self._queue.remove(session_id)
+            self._spawn(self._directory.drop_position(session_id))
             waited = time.monotonic() - self._queued_at.pop(session_id, time.monotonic())
             self._recent_wait_s = (
                 waited if self._recent_wait_s is None else 0.7 * self._recent_wait_s + 0.3 * waited
@@ -417,17 +422,23 @@ class ServeBackend:
                 self._metrics.wait.observe(waited, tags={"model": self._spec.name})
         self._report_waiting()
 
-    def _queue_status(self, session_id: str, record: SessionRecord) -> dict[str, Any]:
+    async def _queue_status(self, session_id: str, record: SessionRecord) -> dict[str, Any]:
         # Serve's queue is per caller, so the ingress replica holding the wait knows
-        # the position; it publishes it in the record for the others to read.
+        # the position; it publishes it for the others to read.
         if session_id in self._queue:
             position: int | None = self._queue.index(session_id) + 1
             eta = self._eta(position)
         else:
-            position, eta = record.get("position"), record.get("eta_s")
+            published = await self._directory.position(session_id)
+            position, eta = published.get("position"), published.get("eta_s")
         waited = time.time() - float(record.get("queued_at") or time.time())
         return {"status": "queued", "position": position, "eta_s": eta,
                 "waited_s": round(max(0.0, waited), 1)}
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _eta(self, position: int) -> float | None:
         if self._recent_wait_s is None:
@@ -437,17 +448,14 @@ class ServeBackend:
     async def _publish_positions(self) -> None:
         for index, session_id in enumerate(list(self._queue)):
             try:
-                await self._directory.update(session_id, position=index + 1,
-                                             eta_s=self._eta(index + 1))
+                await self._directory.put_position(session_id, index + 1, self._eta(index + 1))
             except Exception:
                 log.warning("publishing the queue position of %s failed",
                             mask_session_id(session_id), exc_info=True)
 
     def _report_waiting(self) -> None:
         if self._queue:
-            task = asyncio.get_running_loop().create_task(self._publish_positions())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn(self._publish_positions())
         if self._metrics is not None:
             self._metrics.waiting.set(len(self._queue), tags={"model": self._spec.name})
 

@@ -51,6 +51,7 @@ class SessionDirectory:
 
     def __init__(self, app_name: str) -> None:
         self._prefix = f"{app_name}/session/"
+        self._queue_prefix = f"{app_name}/queue/"
         self._models_prefix = f"{app_name}/model/"
 
     def _key(self, session_id: str) -> bytes:
@@ -110,6 +111,27 @@ class SessionDirectory:
             if record is not None:
                 found[session_id] = record
         return found
+
+    # ---- queue positions ----------------------------------------------------------
+    #
+    # Under keys of their own: the ingress replica holding a wait rewrites them as the
+    # queue moves, and a read-modify-write of the session's record at that moment
+    # could undo the replica placing the session.
+
+    async def put_position(self, session_id: str, position: int, eta_s: float | None) -> None:
+        data = json.dumps({"position": position, "eta_s": eta_s}).encode()
+        await asyncio.to_thread(_kv()._internal_kv_put, (self._queue_prefix + session_id).encode(),
+                                data, True, namespace=_NAMESPACE)
+
+    async def position(self, session_id: str) -> dict[str, Any]:
+        raw = await asyncio.to_thread(_kv()._internal_kv_get,
+                                      (self._queue_prefix + session_id).encode(),
+                                      namespace=_NAMESPACE)
+        return json.loads(raw) if raw else {}
+
+    async def drop_position(self, session_id: str) -> None:
+        await asyncio.to_thread(_kv()._internal_kv_del, (self._queue_prefix + session_id).encode(),
+                                namespace=_NAMESPACE)
 
     # ---- per-model settings the ingress needs -----------------------------------
 

@@ -16,7 +16,7 @@ faults" is the contract:
   `rate_limited`) per flood, not one per dropped command;
 - nothing is raised out of a handler, ever: an exception from an aiortc "message"
   handler propagates into its DTLS receive loop, which then closes the transport and
-  the video stops. `guard_sctp_text_frames` (installed on import) covers the one case
+  the video stops. `guard_sctp_text_frames` (on each session's transport) covers the one case
   that fails inside aiortc before any handler runs: a text frame that is not UTF-8.
 
 `receive(peer, label, raw)` is what `PeerSession`'s channel callback calls.
@@ -354,8 +354,8 @@ def _make_handler(peer: PeerSession) -> InboundHandler:
 # ---- aiortc --------------------------------------------------------------------------
 
 
-def guard_sctp_text_frames() -> None:
-    """Make aiortc's SCTP transport survive what a hostile peer can send it.
+def guard_sctp_text_frames(transport: Any) -> None:
+    """Make one of our peer connections' SCTP transports survive a hostile peer.
 
     aiortc decodes a text frame with strict UTF-8 before any "message" handler runs, and
     an exception there (or from any handler, or from malformed channel-open messages)
@@ -363,33 +363,33 @@ def guard_sctp_text_frames() -> None:
     end the session. Guarded, a text frame that is not UTF-8 is handed on as a str
     whose bad bytes are lone surrogates (`surrogateescape`), which protocol.decode
     rejects as "not valid UTF-8 text"; anything else raised while receiving a
-    data-channel frame is logged (throttled) and the frame dropped. Idempotent.
+    data-channel frame is logged (throttled) and the frame dropped.
+
+    Per transport, not on aiortc's class: only the server's own sessions are changed,
+    never another RTCPeerConnection in the process (a client, a test). Call it after
+    setRemoteDescription (which makes the transport) and before the answer is sent
+    (no frame can arrive earlier). Idempotent; None (an offer without a data channel)
+    is ignored.
     """
+    if transport is None or getattr(transport, "_reactor_guarded", False):
+        return
     from aiortc import rtcsctptransport as sctp
 
-    transport = sctp.RTCSctpTransport
-    if getattr(transport._data_channel_receive, "_reactor_guarded", False):
-        return
     original = transport._data_channel_receive
 
-    async def _data_channel_receive(self: Any, stream_id: int, pp_id: int, data: bytes) -> None:
+    async def _data_channel_receive(stream_id: int, pp_id: int, data: bytes) -> None:
         try:
-            if pp_id == sctp.WEBRTC_STRING and stream_id in self._data_channels:
+            if pp_id == sctp.WEBRTC_STRING and stream_id in transport._data_channels:
                 try:
                     data.decode("utf-8")
                 except UnicodeDecodeError:
-                    self._data_channels[stream_id].emit(
+                    transport._data_channels[stream_id].emit(
                         "message", data.decode("utf-8", "surrogateescape")
                     )
                     return
-            await original(self, stream_id, pp_id, data)
+            await original(stream_id, pp_id, data)
         except Exception:
             _throttle.exception("a data-channel frame broke aiortc's receive path; dropped it")
 
-    _data_channel_receive._reactor_guarded = True  # type: ignore[attr-defined]
-    transport._data_channel_receive = _data_channel_receive  # type: ignore[method-assign]
-
-
-# Installed on import: peer.py imports this module, so every PeerSession's transport is
-# guarded before its first frame can arrive.
-guard_sctp_text_frames()
+    transport._data_channel_receive = _data_channel_receive
+    transport._reactor_guarded = True

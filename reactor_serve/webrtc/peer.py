@@ -268,6 +268,7 @@ class PeerSession:
                         inputs.append((transceiver, entry.name))
                 self._wire(pc)
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp_offer, type="offer"))
+                data_channel.guard_sctp_text_frames(pc.sctp)
                 conn.remote_set = True
                 pending, conn.pending = conn.pending, []
                 for candidate in pending:
