@@ -122,6 +122,16 @@ class ModelReplica:
             return
         placed = False
         try:
+            offer = record.get("offer") or {}
+            try:
+                # Negotiation starts first (it runs in the background), so the record
+                # writes below cost the client nothing.
+                await self._submit_first_offer(session_id, offer)
+            except BackendError as exc:
+                await self.sessions.stop_session(session_id)
+                await directory.end(session_id, EndReason.ERROR, str(exc))
+                yield _rejected(exc)
+                return
             placement = {
                 "state": "placed", "replica": self._identity["actor"],
                 "replica_namespace": self._identity["namespace"],
@@ -134,31 +144,22 @@ class ModelReplica:
             fresh = await directory.get(session_id) or record
             if fresh.get("replica") != placement["replica"]:
                 fresh = await directory.update(session_id, **placement) or fresh
-            offer = fresh.get("offer") or record.get("offer") or {}
-            # Connection ids count from 1 per session: mint the ones the client was
-            # handed while the session waited (a registered one included), so the
-            # replica's ids are the client's.
-            cid = int(offer.get("connection_id") or 1)
-            for _ in range(cid if offer.get("registered") else cid - 1):
-                await self.sessions.register_connection(session_id)
-            try:
+            newer = fresh.get("offer") or {}
+            if newer.get("connection_id") not in (None, offer.get("connection_id")):
+                # A newer offer came while the session waited for this slot.
                 await self.sessions.submit_offer(
-                    session_id, offer.get("sdp_offer", ""), offer.get("track_mapping") or [],
-                    int(offer["connection_id"]) if offer.get("registered") else None,
+                    session_id, newer.get("sdp_offer", ""), newer.get("track_mapping") or [],
+                    int(newer["connection_id"]) if newer.get("registered") else None,
                 )
-                for batch in fresh.get("early_candidates") or []:
+            for batch in fresh.get("early_candidates") or []:
+                try:
                     await self.sessions.add_ice_candidates(
-                        session_id, None, batch.get("candidates") or [], bool(batch.get("is_final"))
+                        session_id, None, batch.get("candidates") or [],
+                        bool(batch.get("is_final")),
                     )
-            except BackendError as exc:
-                await self.sessions.stop_session(session_id)
-                await directory.end(session_id, EndReason.ERROR, str(exc))
-                yield _rejected(exc)
-                return
-            # Once more, now that negotiating took a moment: a write from the
-            # ingress that read the record before our placement lands by now.
-            if (await directory.get(session_id) or {}).get("replica") != placement["replica"]:
-                await directory.update(session_id, **placement)
+                except BackendError as exc:
+                    log.warning("session %s: early candidates refused: %s",
+                                session_id[:4], exc)
             placed = True
             self.sessions_started += 1
             self._metrics.session_started()
@@ -181,6 +182,18 @@ class ModelReplica:
             await directory.end(session_id, reason, info.end_message if info else None)
             if placed:
                 self._metrics.session_ended(reason, self.host.model_errors)
+
+    async def _submit_first_offer(self, session_id: str, offer: dict[str, Any]) -> None:
+        # Connection ids count from 1 per session: mint the ones the client was handed
+        # while the session waited (a registered one included), so the replica's ids
+        # are the client's.
+        cid = int(offer.get("connection_id") or 1)
+        for _ in range(cid if offer.get("registered") else cid - 1):
+            await self.sessions.register_connection(session_id)
+        await self.sessions.submit_offer(
+            session_id, offer.get("sdp_offer", ""), offer.get("track_mapping") or [],
+            cid if offer.get("registered") else None,
+        )
 
     async def _follow(self, session_id: str, started: float) -> None:
         """Hold the slot while the session lives: metrics, and the longest session."""

@@ -148,14 +148,18 @@ class ServeBackend:
                  "registered": connection_id is not None}
         # While the session waits for a slot, a newer offer replaces the queued one:
         # the replica that takes the session reads the latest from the record.
-        await self._directory.update(
-            session_id, offer=offer, state=SessionState.WAITING, latest=cid,
-            next_cid=max(int(record.get("next_cid", 1)), cid + 1),
-        )
-        if record["state"] == SessionState.CREATED or (
+        admit = record["state"] == SessionState.CREATED or (
             not record.get("replica") and not await self._holder_alive(session_id, record)
-        ):
-            self._admit(session_id)
+        )
+        record.update(offer=offer, state=SessionState.WAITING, latest=cid,
+                      next_cid=max(int(record.get("next_cid", 1)), cid + 1))
+        if admit:
+            # Claimed in the same write: this ingress replica holds the slot wait.
+            record.update(holder=self._me, holder_namespace=SERVE_ACTOR_NAMESPACE,
+                          queued_at=time.time())
+        await self._directory.put(session_id, record)
+        if admit:
+            self._admit(session_id, claimed=True)
         return cid
 
     async def register_connection(self, session_id: str) -> int:
@@ -351,16 +355,16 @@ class ServeBackend:
 
     # ---- admission ----------------------------------------------------------------
 
-    def _admit(self, session_id: str) -> None:
+    def _admit(self, session_id: str, *, claimed: bool = False) -> None:
         if session_id in self._admissions:
             return
         task = asyncio.get_running_loop().create_task(
-            self._hold(session_id), name=f"reactor-admission-{mask_session_id(session_id)}"
+            self._hold(session_id, claimed), name=f"reactor-admission-{mask_session_id(session_id)}"
         )
         self._admissions[session_id] = task
         task.add_done_callback(lambda _: self._admissions.pop(session_id, None))
 
-    async def _hold(self, session_id: str) -> None:
+    async def _hold(self, session_id: str, claimed: bool) -> None:
         """Issue the session's slot call and watch it to its end."""
         from ray.exceptions import RayActorError
 
@@ -371,8 +375,9 @@ class ServeBackend:
         self._report_waiting()
         placed = False
         try:
-            await self._directory.update(session_id, holder=self._me, queued_at=time.time(),
-                                         holder_namespace=SERVE_ACTOR_NAMESPACE)
+            if not claimed:
+                await self._directory.update(session_id, holder=self._me, queued_at=time.time(),
+                                             holder_namespace=SERVE_ACTOR_NAMESPACE)
             response = self.handle.options(stream=True).session.remote({"session_id": session_id})
             try:
                 first = await asyncio.wait_for(response.__anext__(), timeout)
