@@ -7,6 +7,12 @@ ValueError, and slower below that), `NaN`/`Infinity` (not JSON; they break any
 client that parses our echo), and `\\ud800`-style escapes that decode to lone
 surrogates (a str that cannot be encoded back to UTF-8, which fails much later, far
 from the request that carried it).
+
+The data-channel codec (`protocol`) parses its frames with the same bounded parse and
+number hooks (`loads_bounded`, `number_hooks`) under its own policy: where this module
+refuses a body with a 400, it parses a placeholder to describe in a `commandError`,
+and its limits differ. So this module imports nothing but the standard library: the
+client package, which may import `protocol`, loads it too.
 """
 
 from __future__ import annotations
@@ -15,14 +21,21 @@ import itertools
 import json
 import math
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
     "DEFAULT_MAX_INT_DIGITS",
     "JSONBodyError",
+    "NumberProblem",
+    "ParseProblem",
+    "RefusedJSON",
     "describe",
+    "json_type",
+    "loads_bounded",
     "nesting_depth",
+    "number_hooks",
     "parse_json_object",
 ]
 
@@ -42,12 +55,38 @@ class JSONBodyError(ValueError):
     """A request body that is not a bounded JSON object; the message names why."""
 
 
-def nesting_depth(raw: bytes) -> int:
-    """The deepest bracket nesting in `raw`, brackets inside strings not counted.
+class RefusedJSON(ValueError):
+    """Text `loads_bounded` would not parse. `problem` is which check refused it;
+    `detail` what it found: the depth, the parser's message, an exception's type
+    name, or (for "number") the whole message a number hook gave."""
+
+    def __init__(self, problem: ParseProblem, detail: str) -> None:
+        super().__init__(f"{problem}: {detail}")
+        self.problem = problem
+        self.detail = detail
+
+
+# What strict JSON cannot carry, as `number_hooks` reports it: "constant" (NaN,
+# Infinity, -Infinity; text is the name), "float" (a literal that overflows to
+# infinity), "int" (an integer literal longer than the digit limit or past the
+# magnitude limit).
+NumberProblem = Literal["constant", "float", "int"]
+# Why `loads_bounded` refused: see RefusedJSON.
+ParseProblem = Literal["depth", "encoding", "syntax", "number", "other"]
+
+
+def nesting_depth(raw: str | bytes) -> int:
+    """The deepest bracket nesting in `raw`, brackets inside strings not counted; for
+    valid JSON, its nesting depth. An unclosed string runs to the end.
 
     Linear in `len(raw)` and cheap: strings are cut out by one regex pass, the rest
     reduced to its brackets, and the running depth summed in C.
     """
+    if isinstance(raw, str):
+        # Quotes, backslashes and brackets are ASCII, and UTF-8 never puts an ASCII
+        # byte inside a multi-byte character: the bytes nest as the text does.
+        # surrogatepass: a lone surrogate is the parser's (or caller's) to refuse.
+        raw = raw.encode("utf-8", "surrogatepass")
     brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
     opening = brackets.count(b"[") + brackets.count(b"{")
     if opening <= 1:
@@ -69,43 +108,96 @@ def parse_json_object(
     """
     if not raw.strip():
         return None
-    depth = nesting_depth(raw)
-    if depth > max_depth:
-        raise JSONBodyError(f"request body nests deeper than {max_depth} levels")
 
-    def parse_int(text: str) -> int:
-        if len(text.lstrip("-")) > max_int_digits:
-            raise JSONBodyError(f"request body has an integer longer than {max_int_digits} digits")
-        return int(text)
-
-    def parse_float(text: str) -> float:
-        value = float(text)
-        if not math.isfinite(value):
-            raise JSONBodyError(f"request body has a number out of range: {text[:40]}")
-        return value
-
-    def parse_constant(name: str) -> Any:
-        raise JSONBodyError(f"request body has {name}, which is not JSON")
+    def refuse(problem: NumberProblem, text: str) -> Any:
+        if problem == "int":
+            message = f"request body has an integer longer than {max_int_digits} digits"
+        elif problem == "float":
+            message = f"request body has a number out of range: {text[:40]}"
+        else:
+            message = f"request body has {text}, which is not JSON"
+        raise RefusedJSON("number", message)
 
     try:
-        data = json.loads(
-            raw, parse_int=parse_int, parse_float=parse_float, parse_constant=parse_constant
+        data = loads_bounded(
+            raw, max_depth=max_depth, hooks=number_hooks(max_int_digits, refuse)
         )
-    except JSONBodyError:
-        raise
-    except UnicodeDecodeError:
-        raise JSONBodyError("request body is not valid UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise JSONBodyError(f"request body is not valid JSON: {exc}") from None
-    except (ValueError, RecursionError) as exc:
-        # Belt and braces: the pre-scan should make these unreachable.
-        raise JSONBodyError(f"request body is not acceptable JSON: {type(exc).__name__}") from None
+    except RefusedJSON as exc:
+        raise JSONBodyError(_body_problem(exc, max_depth)) from None
     if not isinstance(data, dict):
         raise JSONBodyError(f"request body must be a JSON object, got {_json_type(data)}")
     where = _lone_surrogate(data, "")
     if where is not None:
         raise JSONBodyError(f"{where or 'request body'}: contains a lone UTF-16 surrogate")
     return data
+
+
+def loads_bounded(
+    raw: str | bytes, *, max_depth: int, hooks: dict[str, Callable[[str], Any]]
+) -> Any:
+    """`json.loads(raw, **hooks)` for untrusted text: nesting deeper than `max_depth`
+    is refused before the parser recurses, and every failure is a RefusedJSON (a
+    hook refuses by raising one with problem "number").
+
+    The caller words the refusal: the HTTP layer and the data channel say it
+    differently (and raise different errors).
+    """
+    # Depth cannot exceed the number of opening brackets: most documents skip the scan.
+    if _opening_brackets(raw) > max_depth:
+        depth = nesting_depth(raw)
+        if depth > max_depth:
+            raise RefusedJSON("depth", str(depth))
+    try:
+        return json.loads(raw, **hooks)
+    except RefusedJSON:
+        raise
+    except UnicodeDecodeError:
+        raise RefusedJSON("encoding", "not valid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise RefusedJSON("syntax", str(exc)) from None
+    except (ValueError, RecursionError) as exc:
+        # Belt and braces: the pre-scan and the number hooks should make these
+        # unreachable, whatever the interpreter's limits are.
+        raise RefusedJSON("other", type(exc).__name__) from None
+
+
+def number_hooks(
+    max_int_digits: int,
+    refuse: Callable[[NumberProblem, str], Any],
+    *,
+    max_int: int | None = None,
+) -> dict[str, Callable[[str], Any]]:
+    """`json.loads` keyword arguments (`parse_int`, `parse_float`, `parse_constant`)
+    that hand what strict JSON cannot carry to `refuse(problem, text)`: it raises, or
+    returns the value to parse in its place. An integer longer than `max_int_digits`,
+    or (when given) past `max_int` either side of zero, is an "int" problem.
+
+    Integers are measured before converting: converting a 60000-digit literal is
+    quadratic, and past 4300 digits CPython raises.
+    """
+
+    def parse_int(text: str) -> Any:
+        # JSON forbids leading zeros and "+": the digits are the text less a "-".
+        if len(text) - text.startswith("-") > max_int_digits:
+            return refuse("int", text)
+        value = int(text)
+        if max_int is not None and not -max_int <= value <= max_int:
+            return refuse("int", text)
+        return value
+
+    def parse_float(text: str) -> Any:
+        value = float(text)  # never raises for a JSON number literal; no digit limit
+        # A literal is never NaN; one too large is infinite.
+        if math.isinf(value):
+            return refuse("float", text)
+        return value
+
+    def parse_constant(name: str) -> Any:
+        # Python's json takes NaN/Infinity; they are not JSON, and a browser's
+        # JSON.parse refuses our echo of them.
+        return refuse("constant", name)
+
+    return {"parse_int": parse_int, "parse_float": parse_float, "parse_constant": parse_constant}
 
 
 def describe(value: Any) -> str:
@@ -120,20 +212,51 @@ def describe(value: Any) -> str:
     return _json_type(value)
 
 
-def _json_type(value: Any) -> str:
+def _opening_brackets(raw: str | bytes) -> int:
+    if isinstance(raw, str):
+        return raw.count("[") + raw.count("{")
+    return raw.count(b"[") + raw.count(b"{")
+
+
+def _body_problem(refused: RefusedJSON, max_depth: int) -> str:
+    """The HTTP wording of what `loads_bounded` refused."""
+    if refused.problem == "depth":
+        return f"request body nests deeper than {max_depth} levels"
+    if refused.problem == "encoding":
+        return "request body is not valid UTF-8"
+    if refused.problem == "syntax":
+        return f"request body is not valid JSON: {refused.detail}"
+    if refused.problem == "number":
+        return refused.detail
+    return f"request body is not acceptable JSON: {refused.detail}"
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a parsed value, bare ("null", "boolean", "number", "string",
+    "array", "object"); any other Python value, its type name."""
     if value is None:
         return "null"
     if isinstance(value, bool):
-        return "a boolean"
+        return "boolean"
     if isinstance(value, (int, float)):
-        return "a number"
+        return "number"
     if isinstance(value, str):
-        return "a string"
+        return "string"
     if isinstance(value, list):
-        return "an array"
+        return "array"
     if isinstance(value, dict):
-        return "an object"
+        return "object"
     return type(value).__name__
+
+
+_ARTICLED = {"boolean": "a boolean", "number": "a number", "string": "a string",
+             "array": "an array", "object": "an object"}
+
+
+def _json_type(value: Any) -> str:
+    """`json_type` as HTTP error text reads it: "got an array", "got null"."""
+    name = json_type(value)
+    return _ARTICLED.get(name, name)
 
 
 def _lone_surrogate(value: Any, path: str) -> str | None:

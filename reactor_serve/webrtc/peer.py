@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from aiortc import RTCDataChannel, RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
-from aiortc.sdp import SessionDescription, candidate_from_sdp
+from aiortc.sdp import SessionDescription
 
 from reactor_serve.runtime.host import ModelHost
 from reactor_serve.runtime.session import EndReason, Session
-from reactor_serve.webrtc import data_channel, protocol
+from reactor_serve.webrtc import data_channel, ice_candidates, protocol
 from reactor_serve.webrtc.backend import BackendError, OfferRejected, SessionState, UnknownSession
 from reactor_serve.webrtc.codecs import apply_bitrate_range, prefer_codec
 from reactor_serve.webrtc.ice import rtc_configuration, use_loopback_candidates
@@ -44,12 +44,6 @@ from reactor_serve.webrtc.settings import WebRTCSettings
 __all__ = ["PeerSession", "TrackMapping", "parse_candidates"]
 
 log = logging.getLogger("reactor_serve.webrtc")
-
-# Bounds on what a client may send as candidates: more is an attack or a bug.
-MAX_CANDIDATES_PER_CALL = 64
-MAX_CANDIDATE_CHARS = 1024
-MAX_MID_CHARS = 64
-
 
 @dataclass(frozen=True)
 class TrackMapping:
@@ -713,62 +707,12 @@ class PeerSession:
 def parse_candidates(candidates: Any, is_final: bool = False) -> list[RTCIceCandidate | None]:
     """A client's trickled candidates as RTCIceCandidates (None: end of candidates).
 
-    Raises OfferRejected naming the first malformed one; nothing is kept then."""
-    if not isinstance(candidates, list):
-        raise OfferRejected("candidates must be a list of ICE candidates")
-    if len(candidates) > MAX_CANDIDATES_PER_CALL:
-        raise OfferRejected(
-            f"too many candidates in one request ({len(candidates)}, at most "
-            f"{MAX_CANDIDATES_PER_CALL})"
-        )
-    parsed = [_parse_candidate(c, i) for i, c in enumerate(candidates)]
-    if is_final and (not parsed or parsed[-1] is not None):
-        parsed.append(None)
-    return parsed
-
-
-def _parse_candidate(raw: Any, index: int) -> RTCIceCandidate | None:
-    """An RTCIceCandidate from a client's JSON candidate; None for end-of-candidates."""
-    if isinstance(raw, str):
-        raw = {"candidate": raw, "sdpMLineIndex": 0}
-    if not isinstance(raw, dict):
-        raise OfferRejected(f"candidates[{index}] must be an object with a 'candidate' string")
-    text = raw.get("candidate")
-    if text is None:
-        text = ""
-    if not isinstance(text, str):
-        raise OfferRejected(f"candidates[{index}].candidate must be a string")
-    if len(text) > MAX_CANDIDATE_CHARS:
-        raise OfferRejected(
-            f"candidates[{index}].candidate is too long ({len(text)} characters, at most "
-            f"{MAX_CANDIDATE_CHARS})"
-        )
-    if not text.strip():
-        return None
-    # Browsers send camelCase; the Python SDK's JSON uses snake_case.
-    mid = raw.get("sdpMid", raw.get("sdp_mid"))
-    if mid is not None and (not isinstance(mid, str) or len(mid) > MAX_MID_CHARS):
-        raise OfferRejected(f"candidates[{index}].sdpMid must be a short string")
-    index_value = raw.get("sdpMLineIndex", raw.get("sdp_mline_index"))
-    if index_value is not None:
-        if isinstance(index_value, str) and index_value.isdigit():
-            index_value = int(index_value)
-        if isinstance(index_value, bool) or not isinstance(index_value, int) or not (
-            0 <= index_value < 1024
-        ):
-            raise OfferRejected(
-                f"candidates[{index}].sdpMLineIndex must be a small non-negative integer, "
-                f"got {str(index_value)[:40]!r}"
-            )
+    Checked by the same rules as the HTTP routes' (`ice_candidates`). Raises
+    OfferRejected naming the first malformed one; nothing is kept then."""
     try:
-        candidate = candidate_from_sdp(text.split(":", 1)[1] if text.startswith("candidate:") else text)
-    except Exception:
-        raise OfferRejected(f"candidates[{index}] is not an ICE candidate: {text[:80]!r}") from None
-    candidate.sdpMid = mid
-    candidate.sdpMLineIndex = index_value
-    if candidate.sdpMid is None and candidate.sdpMLineIndex is None:
-        candidate.sdpMLineIndex = 0
-    return candidate
+        return ice_candidates.ice_candidates(candidates, is_final)
+    except ice_candidates.CandidateError as exc:
+        raise OfferRejected(str(exc)) from None
 
 
 async def _add_candidate(pc: RTCPeerConnection, candidate: RTCIceCandidate | None) -> None:

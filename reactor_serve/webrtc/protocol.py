@@ -18,10 +18,7 @@ field and the rule, with the value described, and the client gets a `commandErro
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
-import re
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -35,6 +32,13 @@ from reactor_serve.runtime.field_errors import (
     Unrepresentable,
     describe_value,
     has_lone_surrogate,
+)
+from reactor_serve.webrtc.bounded_json import (  # stdlib only: the client imports us
+    NumberProblem,
+    RefusedJSON,
+    json_type,
+    loads_bounded,
+    number_hooks,
 )
 
 __all__ = [
@@ -240,68 +244,37 @@ def _load_object(raw: Any, what: str) -> dict[str, Any]:
             raise ProtocolError("frame is not valid UTF-8 text") from None
         if size > MAX_MESSAGE_BYTES:
             raise ProtocolError(f"frame of {size} bytes exceeds {MAX_MESSAGE_BYTES} bytes")
-    depth = _bracket_depth(raw)
-    if depth > MAX_PARSE_DEPTH:
-        raise ProtocolError(f"invalid JSON: nested {depth} deep, more than {MAX_PARSE_DEPTH}")
     try:
-        value = json.loads(
-            raw,
-            parse_constant=_constant,
-            parse_float=_float,
-            parse_int=_int,
-        )
-    except json.JSONDecodeError as exc:
-        raise ProtocolError(f"invalid JSON: {exc}") from None
-    except (RecursionError, ValueError) as exc:
-        # Not expected past _bracket_depth and the number hooks, but the contract is
-        # "ProtocolError and nothing else", whatever the interpreter's limits are.
-        raise ProtocolError(f"invalid JSON: {type(exc).__name__}") from None
+        value = loads_bounded(raw, max_depth=MAX_PARSE_DEPTH, hooks=_NUMBER_HOOKS)
+    except RefusedJSON as exc:
+        # The contract is "ProtocolError and nothing else", whatever the bytes.
+        if exc.problem == "depth":
+            raise ProtocolError(
+                f"invalid JSON: nested {exc.detail} deep, more than {MAX_PARSE_DEPTH}"
+            ) from None
+        raise ProtocolError(f"invalid JSON: {exc.detail}") from None
     if not isinstance(value, dict):
         raise ProtocolError(f"{what} must be a JSON object, got {_json_type(value)}")
     return value
 
 
-# Strings (with their escapes) and everything but brackets, removed before counting
-# depth: a "[" inside a string does not nest. The string pattern is the unrolled
-# loop, linear on any input.
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+# The json module's hooks (shared with the HTTP bodies' parser, which refuses where we
+# do not) turn what strict JSON cannot carry into placeholders, so that parsing never
+# raises on a number and the value can be named and described later.
 
-
-def _bracket_depth(raw: str) -> int:
-    """The deepest bracket nesting of `raw` outside strings, without recursion; for
-    valid JSON, its nesting depth. A cheap count skips the scan for ordinary frames."""
-    if raw.count("[") + raw.count("{") <= MAX_PARSE_DEPTH:
-        return 0  # cannot nest deeper than it has brackets; the tree check does the rest
-    skeleton = _NOT_BRACKET.sub("", _STRING.sub("", raw))
-    return max(itertools.accumulate(map(_STEP.__getitem__, skeleton)), default=0)
-
-
-# The json module's hooks turn what strict JSON cannot carry into placeholders, so that
-# parsing never raises on a number and the value can be named and described later.
-
-def _constant(name: str) -> Unrepresentable:
-    # Python's json takes NaN/Infinity; a browser never sends them, and letting them
-    # through would put non-finite numbers past the range checks.
-    return Unrepresentable(f"<{name}>", RULE_FINITE)
-
-
-def _float(text: str) -> float | Unrepresentable:
-    value = float(text)  # never raises for a JSON number literal; no digit limit
-    if math.isinf(value):
+def _unrepresentable(problem: NumberProblem, text: str) -> Unrepresentable:
+    if problem == "constant":
+        # NaN/Infinity: a browser never sends them, and letting them through would put
+        # non-finite numbers past the range checks.
+        return Unrepresentable(f"<{text}>", RULE_FINITE)
+    if problem == "float":
         shown = text if len(text) <= 24 else f"{text[:12]}...({len(text)} characters)"
         return Unrepresentable(f"<number too large: {shown}>", RULE_OUT_OF_RANGE)
-    return value
-
-
-def _int(text: str) -> int | Unrepresentable:
-    digits = len(text) - text.startswith("-")  # JSON forbids leading zeros and "+"
-    if digits <= _MAX_INT_DIGITS:
-        value = int(text)
-        if -MAX_INT <= value <= MAX_INT:
-            return value
+    digits = len(text) - text.startswith("-")
     return Unrepresentable(f"<integer of {digits} digits>", RULE_OUT_OF_RANGE)
+
+
+_NUMBER_HOOKS = number_hooks(_MAX_INT_DIGITS, _unrepresentable, max_int=MAX_INT)
 
 
 def _first_problem(value: Any, max_depth: int) -> tuple[str, str] | None:
@@ -390,21 +363,11 @@ def _dumps(value: Any) -> str:
 
 
 def _json_type(value: Any) -> str:
+    # Bare names ("got array") as this codec's messages always read; a placeholder
+    # is described.
     if isinstance(value, Unrepresentable):
         return value.description
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return json_type(value)
 
 
 def brief(value: Any) -> str:

@@ -13,12 +13,17 @@ message must name the field without echoing a huge value back.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from reactor_serve.webrtc.bounded_json import describe, nesting_depth
+from reactor_serve.webrtc.ice_candidates import (
+    MAX_CANDIDATE_BYTES,
+    MAX_CANDIDATES,
+    MAX_MLINE_INDEX,
+    CandidateError,
+    check_candidates,
+)
 
 __all__ = [
     "MAX_CANDIDATES",
@@ -41,21 +46,12 @@ __all__ = [
 ]
 
 MAX_SDP_OFFER_BYTES = 64 * 1024
-MAX_CANDIDATES = 64
-MAX_CANDIDATE_BYTES = 1024
-MAX_MLINE_INDEX = 1023
+# MAX_CANDIDATES, MAX_CANDIDATE_BYTES and MAX_MLINE_INDEX are ice_candidates' (the
+# peer checks candidates by the same rules), re-exported here with the other bounds.
 MAX_SHORT_STRING = 256
 MAX_EXTRA_ARGS_BYTES = 16 * 1024
 MAX_EXTRA_ARGS_DEPTH = 16
 MAX_TRACK_MAPPING = 32
-
-# The candidate-attribute grammar (RFC 8839) as aioice/aiortc parse it: foundation,
-# component, transport, priority, address, port, "typ", type, then name/value pairs.
-# Mirrored here so that what we accept, the backend can parse.
-_PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]*")
-_DIGITS = re.compile(r"[0-9]{1,10}")
-_NUMERIC_EXTENSIONS = frozenset({"rport", "generation"})
-
 
 class InvalidBody(ValueError):
     """A request body that does not fit its route; the message names the field."""
@@ -145,21 +141,16 @@ def candidates_body(data: dict[str, Any] | None) -> CandidatesBody:
     raw = data.get("candidates")
     if raw is None:
         raw = []
-    if not isinstance(raw, list):
-        raise InvalidBody(f"candidates: must be an array, got {describe(raw)}")
-    if len(raw) > MAX_CANDIDATES:
-        raise InvalidBody(
-            f"candidates: {len(raw)} in one request, the limit is {MAX_CANDIDATES}"
-        )
     is_final = data.get("is_final")
     if is_final is None:
         is_final = False
+    try:
+        candidates = check_candidates(raw)
+    except CandidateError as exc:
+        raise InvalidBody(str(exc)) from None
     if not isinstance(is_final, bool):
         raise InvalidBody(f"is_final: must be a boolean, got {describe(is_final)}")
-    return CandidatesBody(
-        candidates=[_candidate(item, f"candidates[{i}]") for i, item in enumerate(raw)],
-        is_final=is_final,
-    )
+    return CandidatesBody(candidates=candidates, is_final=is_final)
 
 
 # --------------------------------------------------------------------------- fields
@@ -188,69 +179,6 @@ def _track_mapping(raw: Any) -> list[dict[str, str]]:
             checked[key] = _short_string(value, f"{where}.{key}", required=True)
         mapping.append(checked)
     return mapping
-
-
-def _candidate(raw: Any, where: str) -> dict[str, Any]:
-    if isinstance(raw, str):
-        raw = {"candidate": raw}
-    if not isinstance(raw, dict):
-        raise InvalidBody(f"{where}: must be an object or a string, got {describe(raw)}")
-    text = raw.get("candidate")
-    if text is None:
-        text = ""
-    if not isinstance(text, str):
-        raise InvalidBody(f"{where}.candidate: must be a string, got {describe(text)}")
-    if len(text.encode("utf-8")) > MAX_CANDIDATE_BYTES:
-        raise InvalidBody(f"{where}.candidate: longer than {MAX_CANDIDATE_BYTES} bytes")
-    if text.strip():
-        problem = _candidate_problem(text)
-        if problem is not None:
-            raise InvalidBody(f"{where}.candidate: not an ICE candidate ({problem})")
-    # Browsers send camelCase; the Python SDK's JSON uses snake_case. Either spelling
-    # is checked when present; camelCase wins when both carry a value.
-    mid = _either(raw, where, "sdpMid", "sdp_mid", _short_string)
-    index = _either(raw, where, "sdpMLineIndex", "sdp_mline_index", _mline_index)
-    ufrag = _either(raw, where, "usernameFragment", "username_fragment", _short_string)
-    candidate: dict[str, Any] = {"candidate": text, "sdpMid": mid, "sdpMLineIndex": index}
-    if ufrag is not None:
-        candidate["usernameFragment"] = ufrag
-    return candidate
-
-
-def _either(
-    raw: dict[str, Any], where: str, camel: str, snake: str, check: Callable[..., Any]
-) -> Any:
-    values = [check(raw.get(key), f"{where}.{key}", required=False) for key in (camel, snake)]
-    return values[0] if values[0] is not None else values[1]
-
-
-def _mline_index(value: Any, where: str, *, required: bool) -> int | None:
-    if value is None and not required:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_MLINE_INDEX:
-        raise InvalidBody(
-            f"{where}: must be an integer from 0 to {MAX_MLINE_INDEX}, got {describe(value)}"
-        )
-    return value
-
-
-def _candidate_problem(text: str) -> str | None:
-    """What keeps `text` from parsing as an ICE candidate, or None."""
-    if not _PRINTABLE_ASCII.fullmatch(text):
-        return "only printable ASCII is allowed"
-    body = text.split(":", 1)[1] if text.startswith("candidate:") else text
-    bits = body.split()
-    if len(bits) < 8:
-        return "it needs foundation, component, transport, priority, address, port, typ, type"
-    for position, name in ((1, "component"), (3, "priority"), (5, "port")):
-        if not _DIGITS.fullmatch(bits[position]):
-            return f"{name} must be a number"
-    if bits[6] != "typ":
-        return "the seventh field must be 'typ'"
-    for i in range(8, len(bits) - 1, 2):
-        if bits[i] in _NUMERIC_EXTENSIONS and not _DIGITS.fullmatch(bits[i + 1]):
-            return f"{bits[i]} must be a number"
-    return None
 
 
 def _short_string(value: Any, where: str, *, required: bool) -> Any:
