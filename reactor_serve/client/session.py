@@ -184,13 +184,8 @@ class ReactorClient:
                 elif not self.peer.stats_seen and time.monotonic() >= next_watch:
                     # A server that sends no stats: ask it now and then instead.
                     next_watch = time.monotonic() + self.WATCH_INTERVAL_S
-                    try:
-                        await self._check_session()
-                    except _SessionOver as over:
-                        await self._end(over.reason, over.message)
+                    if await self._end_if_server_ended():
                         return
-                    except httpx.HTTPError:
-                        pass
                 if why is not None:
                     await self._reconnect(why)
         except asyncio.CancelledError:
@@ -299,14 +294,21 @@ class ReactorClient:
         await self._end("error", detail)
 
     async def _end_after_loss(self, why: str, what: str) -> None:
+        if await self._end_if_server_ended():
+            return
+        await self._end("timeout", f"lost the connection ({why}) and {what}")
+
+    async def _end_if_server_ended(self) -> bool:
+        """Ask the server whether the session lives; if it ended, end here with the
+        server's reason. An unreachable server tells nothing: False."""
         try:
             await self._check_session()
         except _SessionOver as over:
             await self._end(over.reason, over.message)
-            return
+            return True
         except httpx.HTTPError:
             pass
-        await self._end("timeout", f"lost the connection ({why}) and {what}")
+        return False
 
     async def _end(self, reason: str, message: str | None) -> None:
         """The session is over: say why (as the server's own `sessionEnded` would) and
