@@ -16,11 +16,12 @@ would answer without them.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from starlette.responses import JSONResponse
 
 __all__ = [
     "CORS_ALLOWED_HEADERS",
@@ -91,7 +92,10 @@ class CORSMiddleware:
             log.exception("unhandled error in %s %s", scope["method"], scope.get("path"))
             if started:
                 raise  # half a response is out; the server can only drop the connection
-            await _send_json(send, 500, {"detail": "internal server error"}, _ALWAYS)
+            await JSONResponse(
+                {"detail": "internal server error"}, 500,
+                headers={k.decode("latin-1"): v.decode("latin-1") for k, v in _ALWAYS},
+            )(scope, receive, send)
 
 
 def allowed_request_headers(requested: str | None) -> list[str]:
@@ -124,19 +128,3 @@ async def _preflight(scope: _Scope, send: Any) -> None:
     ]
     await send({"type": "http.response.start", "status": 204, "headers": headers})
     await send({"type": "http.response.body", "body": b""})
-
-
-async def _send_json(
-    send: Any, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]]
-) -> None:
-    data = json.dumps(body).encode()
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(data)).encode()),
-            *headers,
-        ],
-    })
-    await send({"type": "http.response.body", "body": data})

@@ -12,11 +12,11 @@ memory one request can take small whatever route it hits.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -71,14 +71,16 @@ class RequestLimitsMiddleware:
             scope.get("query_string", b"")
         )
         if url_bytes > self.max_url_bytes:
-            await _send_json(send, 414, f"URL too long: the limit is {self.max_url_bytes} bytes")
+            await _refuse(scope, receive, send, 414,
+                          f"URL too long: the limit is {self.max_url_bytes} bytes")
             return
         declared = _content_length(scope)
         if declared == -1:
-            await _send_json(send, 400, "Content-Length is not a non-negative integer")
+            await _refuse(scope, receive, send, 400,
+                          "Content-Length is not a non-negative integer")
             return
         if declared is not None and declared > self.max_body_bytes:
-            await _send_json(send, 413, _too_large(self.max_body_bytes))
+            await _refuse(scope, receive, send, 413, _too_large(self.max_body_bytes))
             return
 
         limit = self.max_body_bytes
@@ -105,7 +107,7 @@ class RequestLimitsMiddleware:
         except BodyTooLarge:
             if started:
                 raise
-            await _send_json(send, 413, _too_large(limit))
+            await _refuse(scope, receive, send, 413, _too_large(limit))
 
 
 def _content_length(scope: _Scope) -> int | None:
@@ -121,14 +123,5 @@ def _content_length(scope: _Scope) -> int | None:
     return None
 
 
-async def _send_json(send: Any, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ],
-    })
-    await send({"type": "http.response.body", "body": body})
+async def _refuse(scope: _Scope, receive: Any, send: Any, status: int, detail: str) -> None:
+    await JSONResponse({"detail": detail}, status)(scope, receive, send)

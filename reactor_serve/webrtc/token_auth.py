@@ -16,10 +16,11 @@ from the request (redirects, FastAPI's `/docs` fetching `openapi.json`) keep it.
 from __future__ import annotations
 
 import hmac
-import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
+
+from starlette.responses import JSONResponse
 
 __all__ = [
     "DEFAULT_PUBLIC_PATHS",
@@ -101,7 +102,9 @@ class TokenAuthMiddleware:
         if self._allowed(scope, path_token):
             await self.app(scope, receive, send)
         elif scope["type"] == "http":
-            await _send_401(send)
+            await JSONResponse(
+                {"detail": _UNAUTHORISED}, 401, headers={"WWW-Authenticate": "Bearer"}
+            )(scope, receive, send)
         else:
             # Closing before accepting is how ASGI refuses a WebSocket handshake (403).
             await send({"type": "websocket.close", "code": 1008})
@@ -131,17 +134,3 @@ def _bearer(scope: _Scope) -> str | None:
                 return credential.strip()
             return None
     return None
-
-
-async def _send_401(send: Any) -> None:
-    body = json.dumps({"detail": _UNAUTHORISED}).encode()
-    await send({
-        "type": "http.response.start",
-        "status": 401,
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", b"Bearer"),
-        ],
-    })
-    await send({"type": "http.response.body", "body": body})
