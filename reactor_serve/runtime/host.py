@@ -203,6 +203,11 @@ class ModelHost:
         session._mark_stopping()
         for buffer in self.input_buffers.values():
             buffer.detach()
+        self._record_end(session, reason, detail)
+        self._tell_sink(session, reason, detail)
+
+    def _record_end(self, session: Session, reason: str, detail: str | None) -> None:
+        """The last word of a session: `sessionEnded` to its client, then it is over."""
         data: dict[str, Any] = {"reason": reason}
         if detail:
             data["message"] = detail
@@ -212,6 +217,9 @@ class ModelHost:
         session.ended.set()
         if self._session is session:
             self._session = None
+
+    @staticmethod
+    def _tell_sink(session: Session, reason: str, detail: str | None) -> None:
         try:
             session.sink.ended(reason, detail)
         except Exception:
@@ -289,18 +297,8 @@ class ModelHost:
             self._session_thread = None
             self._drop_pending()
             self.output_buffer.flush()
-            data: dict[str, Any] = {"reason": reason}
-            if detail:
-                data["message"] = detail
-            session.send_runtime("sessionEnded", data)
-            session.end_reason, session.end_detail = reason, detail
-            unregister_live(session.context)
-            session.ended.set()
-            self._session = None
-        try:
-            session.sink.ended(reason, detail)
-        except Exception:
-            log.exception("session sink failed in ended()")
+            self._record_end(session, reason, detail)
+        self._tell_sink(session, reason, detail)
 
     async def _fail(self, session: Session, where: str, exc: BaseException) -> None:
         """A model error during `session`: log it, tell the client, end the session."""
