@@ -82,7 +82,7 @@ class ModelReplica:
         if self._directory is not None:
             # What the ingress needs to know of this model, published by the model
             # itself, so the ingress's args never carry a model's settings.
-            self._directory.publish_model_sync(
+            self._directory.publish_model(
                 model_name, {"admission_timeout_s": admission_timeout_s}
             )
 

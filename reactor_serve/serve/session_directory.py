@@ -135,12 +135,7 @@ class SessionDirectory:
 
     # ---- per-model settings the ingress needs -----------------------------------
 
-    async def publish_model(self, name: str, settings: dict[str, Any]) -> None:
-        data = json.dumps(settings, allow_nan=False).encode()
-        await asyncio.to_thread(_kv()._internal_kv_put, (self._models_prefix + name).encode(),
-                                data, True, namespace=_NAMESPACE)
-
-    def publish_model_sync(self, name: str, settings: dict[str, Any]) -> None:
+    def publish_model(self, name: str, settings: dict[str, Any]) -> None:
         """From the application builder, which runs outside any event loop."""
         _kv()._internal_kv_put((self._models_prefix + name).encode(),
                                json.dumps(settings, allow_nan=False).encode(), True,
