@@ -136,7 +136,8 @@ class SessionDirectory:
     # ---- per-model settings the ingress needs -----------------------------------
 
     def publish_model(self, name: str, settings: dict[str, Any]) -> None:
-        """From the application builder, which runs outside any event loop."""
+        """From a model replica's constructor, which Serve runs outside its event loop:
+        hence a plain blocking write."""
         _kv()._internal_kv_put((self._models_prefix + name).encode(),
                                json.dumps(settings, allow_nan=False).encode(), True,
                                namespace=_NAMESPACE)
