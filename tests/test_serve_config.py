@@ -14,9 +14,7 @@ from reactor_serve.serve.config import (
     BASE_DIR,
     AppArgs,
     ModelEntry,
-    cluster_gpus,
     model_deployment_options,
-    resolve_gpus,
 )
 from reactor_serve.webrtc.settings import IceServer, WebRTCSettingsError
 
@@ -163,49 +161,6 @@ def test_webrtc_settings_merge() -> None:
     # Values are validated once merged, naming the field.
     with pytest.raises(WebRTCSettingsError, match="webrtc.bitrate_kbps"):
         ModelEntry(path="m", webrtc={"bitrate_kbps": 1}).webrtc_settings({})
-
-
-# --------------------------------------------------------------------------- GPUs
-
-
-@pytest.mark.parametrize(
-    ("value", "cluster", "expected"),
-    [
-        ("auto", 0, 0.0),
-        ("auto", 1, 1.0),
-        ("auto", 8, 1.0),
-        ("auto", 0.5, 0.5),
-        (0.25, 0, 0.25),
-        (2, 8, 2.0),
-        (0, 8, 0.0),
-    ],
-)
-def test_resolve_gpus(value, cluster: float, expected: float) -> None:
-    assert resolve_gpus(value, cluster) == expected
-
-
-def test_resolve_gpus_rejects_negative() -> None:
-    with pytest.raises(ValueError, match="gpus_per_replica"):
-        resolve_gpus(-1, 4)
-
-
-def test_cluster_gpus_without_ray_is_zero(monkeypatch) -> None:
-    import ray
-
-    # Whatever another test left running, this asks about a process without Ray.
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    started = []
-    monkeypatch.setattr(ray, "init", lambda *a, **k: started.append(1))
-    assert cluster_gpus() == 0.0
-    assert not started  # it must not start a cluster
-
-
-def test_cluster_gpus_reads_the_connected_cluster(monkeypatch) -> None:
-    import ray
-
-    monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
-    assert cluster_gpus() == 2.0
 
 
 # --------------------------------------------------------------------------- deployment options

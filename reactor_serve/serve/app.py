@@ -7,6 +7,8 @@ them all.
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +16,15 @@ from ray import serve
 from ray.serve import Application
 
 from reactor_serve.runtime.manifest import load_manifest
-from reactor_serve.serve.config import (
-    AppArgs,
-    cluster_gpus,
-    model_deployment_options,
-    resolve_gpus,
-)
+from reactor_serve.serve.config import AppArgs, model_deployment_options
+from reactor_serve.serve.gpu_placement import discover_cluster_gpus, resolve_gpus
 from reactor_serve.serve.ingress import make_ingress
 from reactor_serve.serve.replica import ModelReplica
 from reactor_serve.webrtc.ice import client_ice_servers
 
 __all__ = ["build_app"]
+
+log = logging.getLogger(__name__)
 
 
 def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None) -> Application:
@@ -32,10 +32,11 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
     current directory, where `serve run` is started)."""
     args = args if isinstance(args, AppArgs) else AppArgs.model_validate(args)
     base = Path(base_dir) if base_dir is not None else Path.cwd()
-    gpus_available = cluster_gpus()
+    shipped = _shipped_root()
+    cluster = discover_cluster_gpus()
     models: list[dict[str, Any]] = []
     handles: dict[str, Application] = {}
-    for entry in args.models:
+    for index, entry in enumerate(args.models):
         path = entry.resolved_path(base)
         manifest = load_manifest(path)
         name = entry.name or manifest.name
@@ -45,10 +46,11 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
                 f"'name' for one of them in the app's args"
             )
         settings = entry.webrtc_settings(manifest.config, ice_servers=args.ice_servers)
-        options = model_deployment_options(
-            entry, name, gpus=resolve_gpus(entry.gpus_per_replica, gpus_available)
-        )
+        placement = resolve_gpus(entry.gpus_per_replica, cluster)
+        log.info("model %r: %g GPU(s) per replica (%s)", name, placement.gpus, placement.reason)
+        options = model_deployment_options(entry, name, gpus=placement.gpus)
         deployment = serve.deployment(ModelReplica).options(**options)
+        path = _replica_path(path, shipped, index=index)
         handles[name] = deployment.bind(
             str(path),
             name,
@@ -68,3 +70,37 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
         ray_actor_options={"num_cpus": args.ingress_cpus},
     )
     return ingress.bind(models, handles, client_ice_servers(args.ice_servers))
+
+
+def _shipped_root() -> Path | None:
+    """The application's copy of its `runtime_env.working_dir`, when it has one.
+
+    Ray unpacks the working dir on every node that runs a part of the app and starts
+    the builder, the ingress and each replica in it. Model paths inside it must then
+    travel relative: the unpacked copy's absolute path belongs to one node.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        runtime_env = ray.get_runtime_context().runtime_env
+    except Exception:  # a driver without a job context: nothing was shipped
+        return None
+    return Path.cwd() if runtime_env.get("working_dir") else None
+
+
+def _replica_path(path: Path, shipped: Path | None, *, index: int) -> Path:
+    """The model directory as the replicas and the ingress will open it: relative to
+    their working dir when the app ships one (resolved there), else absolute."""
+    if shipped is None:
+        return path
+    relative = Path(os.path.relpath(path.resolve(), shipped.resolve()))
+    if relative.parts and relative.parts[0] == "..":
+        raise ValueError(
+            f"models.{index}.path: {path} is outside the application's "
+            f"runtime_env.working_dir ({shipped}), so nodes other than this one do not "
+            f"have it; put the model directory under the working dir and give its "
+            f"relative path"
+        )
+    return relative

@@ -48,9 +48,7 @@ from reactor_serve.webrtc.settings import IceServer, WebRTCSettings
 __all__ = [
     "AppArgs",
     "ModelEntry",
-    "cluster_gpus",
     "model_deployment_options",
-    "resolve_gpus",
 ]
 
 # Same rule as model names in reactor.yaml (runtime/manifest.py): they become URL
@@ -74,9 +72,13 @@ class ModelEntry(BaseModel):
     path: str = Field(min_length=1)
     # URL and deployment name; defaults to the directory's name (`default_name`).
     name: str | None = None
-    # "auto": 1 GPU per replica where the cluster has GPUs, none where it has none.
-    # A fraction packs several replicas of a small model on one GPU.
+    # "auto": 1 GPU per replica where the cluster has GPUs up or can add GPU nodes,
+    # none where it can have none (serve/gpu_placement.py). A number is always asked
+    # for as it is; a fraction packs several replicas of a small model on one GPU.
     gpus_per_replica: Literal["auto"] | float = "auto"
+    # Ray's accelerator type (e.g. "A100", "L4"; see ray.util.accelerators): replicas
+    # are placed only on nodes with that GPU. Needs a replica that asks for GPUs.
+    accelerator_type: str | None = Field(default=None, min_length=1)
     cpus_per_replica: float = Field(default=1.0, gt=0)
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=4, ge=1)
@@ -219,46 +221,22 @@ class AppArgs(BaseModel):
 
 
 
-def resolve_gpus(value: Literal["auto"] | float, cluster_gpus: float) -> float:
-    """GPUs per replica: numbers pass through; "auto" asks for one GPU where the
-    cluster has at least one, and none where it has none.
-
-    A cluster that declares only a fraction of a GPU (0 < GPUs < 1) gets that
-    fraction under "auto": asking for 1 could never be scheduled, and asking for 0
-    would run the model on the CPU beside an available GPU.
-    """
-    if value == "auto":
-        if cluster_gpus >= 1:
-            return 1.0
-        return float(cluster_gpus) if cluster_gpus > 0 else 0.0
-    number = float(value)
-    if not number >= 0:
-        raise ValueError(f"gpus_per_replica must be 'auto' or a number >= 0, got {value!r}")
-    return number
-
-
-def cluster_gpus() -> float:
-    """Total GPUs of the connected Ray cluster; 0 when Ray is not initialised.
-
-    The builder runs inside `serve run` / `serve deploy`, where Ray is connected. We
-    deliberately never call `ray.init()` here: starting a local cluster as a side
-    effect of reading config would hide a misconfigured address. Note that an
-    autoscaling cluster whose GPU nodes are scaled to zero reports 0 as well: set
-    `gpus_per_replica` to a number there.
-    """
-    import ray  # imported here: config validation alone does not need Ray
-
-    if not ray.is_initialized():
-        return 0.0
-    return float(ray.cluster_resources().get("GPU", 0.0))
-
 
 def model_deployment_options(entry: ModelEntry, name: str, *, gpus: float) -> dict[str, Any]:
-    """`Deployment.options(...)` kwargs for one model; `gpus` is `resolve_gpus(...)`'s."""
+    """`Deployment.options(...)` kwargs for one model; `gpus` is what
+    `gpu_placement.resolve_gpus` resolved the entry's `gpus_per_replica` to."""
     initial = min(entry.max_replicas, max(entry.min_replicas, entry.warm_spares))
+    actor_options: dict[str, Any] = {"num_gpus": gpus, "num_cpus": entry.cpus_per_replica}
+    if entry.accelerator_type is not None:
+        if gpus <= 0:
+            raise ValueError(
+                f"model {name!r}: accelerator_type {entry.accelerator_type!r} needs a "
+                f"replica that asks for GPUs, but gpus_per_replica resolved to 0"
+            )
+        actor_options["accelerator_type"] = entry.accelerator_type
     return {
         "name": f"model-{name}",
-        "ray_actor_options": {"num_gpus": gpus, "num_cpus": entry.cpus_per_replica},
+        "ray_actor_options": actor_options,
         # One live session per replica: a session is one ongoing call, so this is an
         # exact slot limit and further sessions wait in Serve's queue.
         "max_ongoing_requests": 1,
