@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 
 import numpy as np
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import (
+    RTCConfiguration,
+    RTCIceServer,
+    RTCIceTransportPolicy,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import VideoFrame
 
@@ -146,10 +152,14 @@ class ClientPeer:
         keep_frames: int = 256,
         inputs: dict[str, Any] | None = None,
         input_fps: float = 30.0,
+        ice_transport_policy: str = "all",
     ) -> None:
         self.capabilities = capabilities
         self.tracks = capabilities.get("tracks", [])
+        # Both are read at each `connect()`: a later connection may use others (the
+        # connectivity check tries one path per connection).
         self.ice_servers = ice_servers or []
+        self.ice_transport_policy = ice_transport_policy  # "all" | "relay"
         self.video: dict[str, collections.deque[ReceivedVideo]] = {}
         self.audio: dict[str, collections.deque[ReceivedAudio]] = {}
         self.messages: list[dict[str, Any]] = []
@@ -215,7 +225,8 @@ class ClientPeer:
                         credential=(s.get("credentials") or {}).get("password"),
                     )
                     for s in self.ice_servers
-                ]
+                ],
+                iceTransportPolicy=RTCIceTransportPolicy(self.ice_transport_policy),
             )
         )
         self._pcs.add(pc)

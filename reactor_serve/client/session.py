@@ -34,7 +34,18 @@ import numpy as np
 from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo, Signal
 from reactor_serve.webrtc.ice import is_loopback_host, use_loopback_candidates
 
-__all__ = ["ClientState", "ReactorClient", "ReconnectPolicy", "SessionRefused", "connect"]
+__all__ = [
+    "ClientState",
+    "ReactorClient",
+    "ReconnectPolicy",
+    "SessionRefused",
+    "checked_json",
+    "connect",
+    "fetch_ice_servers",
+    "join_url",
+    "offer_signal",
+    "start_session",
+]
 
 log = logging.getLogger("reactor_serve.client")
 
@@ -211,7 +222,7 @@ class ReactorClient:
         (or no longer knows it). Always names the session: the server tells nothing
         about sessions to a request that does not."""
         reply = await self._http.get(
-            _join(self.base_url, "session"), params={"session_id": self.session_id}
+            join_url(self.base_url, "session"), params={"session_id": self.session_id}
         )
         body = _json(reply)
         if reply.status_code == 404:
@@ -337,45 +348,15 @@ class ReactorClient:
     def _signal(self, method: str, timeout: float) -> Signal:
         """Deliver an offer with `method` (POST: the first, PUT: a reconnect) and poll
         for its answer for up to `timeout` seconds."""
-        transport = _join(self.base_url, f"sessions/{self.session_id}/transport/webrtc")
-        http = self._http
 
-        async def signal(sdp_offer: str, track_mapping: list[dict[str, Any]]) -> str:
-            reply = _checked(
-                await http.request(
-                    method,
-                    f"{transport}/sdp_params",
-                    json={"sdp_offer": sdp_offer, "client_info": {"sdk": "reactor-serve-python"},
-                          "track_mapping": track_mapping},
-                ),
-                202,
-            )
-            connection_id = reply.get("connection_id")
-            deadline = time.monotonic() + timeout
-            # Fast at first (an answer is usually ready within a few tens of ms),
-            # then backing off: the page polls the same way.
-            delay = 0.02
-            while time.monotonic() < deadline:
-                poll = await http.get(f"{transport}/sdp_params")
-                if poll.status_code == 200:
-                    answer = poll.json()
-                    # An answer naming another connection is a stale one; one naming
-                    # none is the latest offer's (PROTOCOL.md: the server clears the
-                    # stored answer on each offer).
-                    if answer.get("connection_id") in (None, connection_id):
-                        return answer["sdp_answer"]
-                elif poll.status_code == 202:
-                    status = poll.json() if poll.content else {}
-                    self.queue_status = status
-                    if self._on_queue is not None and status:
-                        self._on_queue(status)
-                else:
-                    _checked(poll, 200)
-                await asyncio.sleep(delay)
-                delay = min(delay * 1.5, 1.0)
-            raise SessionRefused(f"no SDP answer within {timeout:g} s")
+        def on_queue(status: dict[str, Any]) -> None:
+            self.queue_status = status
+            if self._on_queue is not None and status:
+                self._on_queue(status)
 
-        return signal
+        return offer_signal(
+            self._http, self.base_url, self.session_id, method, timeout, on_queue=on_queue
+        )
 
     # ---- receiving --------------------------------------------------------------
 
@@ -502,7 +483,7 @@ class ReactorClient:
         try:
             if self.state != ClientState.ENDED:
                 await self._http.post(
-                    _join(self.base_url, "stop_session"), json={"session_id": self.session_id}
+                    join_url(self.base_url, "stop_session"), json={"session_id": self.session_id}
                 )
         except httpx.HTTPError:
             pass  # the server may already be gone; closing the peer still ends it
@@ -552,11 +533,8 @@ async def connect(
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30.0))
     try:
-        body = {"extra_args": extra_args} if extra_args else {}
-        descriptor = _checked(await http.post(_join(base_url, "start_session"), json=body), 200)
-        sid = descriptor["session_id"]
-        transport = _join(base_url, f"sessions/{sid}/transport/webrtc")
-        ice = _checked(await http.get(f"{transport}/ice_servers"), 200).get("ice_servers", [])
+        descriptor = await start_session(http, base_url, extra_args)
+        ice = await fetch_ice_servers(http, base_url, descriptor["session_id"])
         peer = ClientPeer(descriptor["capabilities"], ice_servers=ice, inputs=inputs,
                           input_fps=input_fps)
         client = ReactorClient(base_url, peer, descriptor, http, reconnect=policy,
@@ -569,7 +547,77 @@ async def connect(
         raise
 
 
-def _checked(response: httpx.Response, expected: int) -> dict[str, Any]:
+def offer_signal(
+    http: httpx.AsyncClient,
+    base_url: str,
+    session_id: str,
+    method: str,
+    timeout: float,
+    *,
+    on_queue: Callable[[dict[str, Any]], None] | None = None,
+) -> Signal:
+    """A `Signal` for `ClientPeer.connect`: deliver the offer to session `session_id`
+    with `method` (POST: the session's first offer, PUT: a new connection for it) and
+    poll for its answer for up to `timeout` seconds. `on_queue` gets the body of each
+    202 while the answer is pending (the queue position, when queued)."""
+    transport = join_url(base_url, f"sessions/{session_id}/transport/webrtc")
+
+    async def signal(sdp_offer: str, track_mapping: list[dict[str, Any]]) -> str:
+        reply = checked_json(
+            await http.request(
+                method,
+                f"{transport}/sdp_params",
+                json={"sdp_offer": sdp_offer, "client_info": {"sdk": "reactor-serve-python"},
+                      "track_mapping": track_mapping},
+            ),
+            202,
+        )
+        connection_id = reply.get("connection_id")
+        deadline = time.monotonic() + timeout
+        # Fast at first (an answer is usually ready within a few tens of ms),
+        # then backing off: the page polls the same way.
+        delay = 0.02
+        while time.monotonic() < deadline:
+            poll = await http.get(f"{transport}/sdp_params")
+            if poll.status_code == 200:
+                answer = poll.json()
+                # An answer naming another connection is a stale one; one naming
+                # none is the latest offer's (PROTOCOL.md: the server clears the
+                # stored answer on each offer).
+                if answer.get("connection_id") in (None, connection_id):
+                    return answer["sdp_answer"]
+            elif poll.status_code == 202:
+                if on_queue is not None:
+                    on_queue(poll.json() if poll.content else {})
+            else:
+                checked_json(poll, 200)
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+        raise SessionRefused(f"no SDP answer within {timeout:g} s")
+
+    return signal
+
+
+async def start_session(
+    http: httpx.AsyncClient, base_url: str, extra_args: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """`POST start_session` on the model at `base_url`: the session descriptor.
+    Raises SessionRefused with the server's reason."""
+    body = {"extra_args": extra_args} if extra_args else {}
+    return checked_json(await http.post(join_url(base_url, "start_session"), json=body), 200)
+
+
+async def fetch_ice_servers(
+    http: httpx.AsyncClient, base_url: str, session_id: str
+) -> list[dict[str, Any]]:
+    """The session's `ice_servers` (PROTOCOL.md: `[{"uris", "credentials"?}]`)."""
+    url = join_url(base_url, f"sessions/{session_id}/transport/webrtc/ice_servers")
+    return checked_json(await http.get(url), 200).get("ice_servers", [])
+
+
+def checked_json(response: httpx.Response, expected: int) -> dict[str, Any]:
+    """The JSON body of `response`, or SessionRefused naming the request, the status
+    and the server's `detail` when the status is not `expected`."""
     if response.status_code != expected:
         try:
             detail = response.json().get("detail", response.text)
@@ -611,7 +659,8 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
-def _join(base_url: str, path: str) -> str:
+def join_url(base_url: str, path: str) -> str:
+    """`path` under `base_url`, with exactly one slash between them."""
     return base_url.rstrip("/") + "/" + path.lstrip("/")
 
 
