@@ -174,7 +174,7 @@ class FakeBackend:
         self._call("health")
         return {"healthy": self.healthy, "live_sessions": len(self._live())}
 
-    def ice_servers(self):
+    def ice_servers(self, session_id):
         return [{"uris": ["stun:stun.example.org:3478"]}]
 
     # test helpers

@@ -24,7 +24,7 @@ from conftest import ReactorRun
 
 from reactor_serve.client import ClientState, connect
 from reactor_serve.client.peer import ClientPeer
-from reactor_serve.webrtc.ice import use_loopback_candidates
+from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -79,10 +79,8 @@ def server(request, tmp_path_factory):
             ray_serve.delete("contract")
 
 
-@pytest.fixture(autouse=True)
-def _loopback():
-    # The servers offer 127.0.0.1 candidates; so must our peers.
-    use_loopback_candidates(True)
+# The servers offer 127.0.0.1 candidates; so do our peers.
+LOOPBACK = HostCandidatePolicy(loopback_only=True)
 
 
 class Tracker:
@@ -200,7 +198,7 @@ def flat_signal(http, server: Server, sid: str, method: str = "POST", statuses: 
 
 
 async def open_peer(http, server, track, descriptor, method="POST", statuses=None) -> ClientPeer:
-    peer = ClientPeer(descriptor["capabilities"])
+    peer = ClientPeer(descriptor["capabilities"], host_candidates=LOOPBACK)
     track.peers.append(peer)
     signal = flat_signal(http, server, descriptor["session_id"], method, statuses)
     await peer.connect(signal, timeout=ANSWER_WAIT_S)
@@ -501,7 +499,7 @@ async def test_the_connections_flow(server, track):
             assert offer.status_code == 202 and offer.json()["connection_id"] == cid, shown(offer)
             return await poll_answer(http, f"{base}/connections/{cid}/sdp_params", cid, statuses)
 
-        peer = ClientPeer(descriptor["capabilities"])
+        peer = ClientPeer(descriptor["capabilities"], host_candidates=LOOPBACK)
         track.peers.append(peer)
         await peer.connect(signal, timeout=ANSWER_WAIT_S)
         assert statuses[0] == 202 and statuses[-1] == 200 and set(statuses[1:-1]) <= {202}, statuses

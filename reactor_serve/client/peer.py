@@ -36,6 +36,7 @@ from av import VideoFrame
 
 from reactor_serve.client.jitter import release_frames_on_marker
 from reactor_serve.webrtc import protocol
+from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
 
 __all__ = ["ClientPeer", "ReceivedAudio", "ReceivedVideo"]
 
@@ -153,8 +154,12 @@ class ClientPeer:
         inputs: dict[str, Any] | None = None,
         input_fps: float = 30.0,
         ice_transport_policy: str = "all",
+        host_candidates: HostCandidatePolicy | None = None,
     ) -> None:
         self.capabilities = capabilities
+        # Which host candidates each connection offers (loopback only for a server on
+        # this machine); None: every interface, as aioice gathers them.
+        self.host_candidates = host_candidates
         self.tracks = capabilities.get("tracks", [])
         # Both are read at each `connect()`: a later connection may use others (the
         # connectivity check tries one path per connection).
@@ -280,6 +285,9 @@ class ClientPeer:
                 self._closed.set()
             self._changed.set()
 
+        if self.host_candidates is not None:
+            # Every transport exists now; setLocalDescription gathers.
+            self.host_candidates.apply(pc)
         # The mids exist only once the local description is set.
         await pc.setLocalDescription(await pc.createOffer())
         track_mapping = [

@@ -32,7 +32,8 @@ import httpx
 import numpy as np
 
 from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo, Signal
-from reactor_serve.webrtc.ice import is_loopback_host, use_loopback_candidates
+from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
+from reactor_serve.webrtc.ice import is_loopback_host
 
 __all__ = [
     "ClientState",
@@ -522,8 +523,7 @@ async def connect(
     """
     if loopback_only is None:
         loopback_only = _is_loopback(base_url)
-    if loopback_only:
-        use_loopback_candidates(True)
+    host_candidates = HostCandidatePolicy(loopback_only=True) if loopback_only else None
     if isinstance(reconnect, bool):
         policy = ReconnectPolicy(enabled=reconnect)
     else:
@@ -536,6 +536,7 @@ async def connect(
         descriptor = await start_session(http, base_url, extra_args)
         ice = await fetch_ice_servers(http, base_url, descriptor["session_id"])
         peer = ClientPeer(descriptor["capabilities"], ice_servers=ice, inputs=inputs,
+                          host_candidates=host_candidates,
                           input_fps=input_fps)
         client = ReactorClient(base_url, peer, descriptor, http, reconnect=policy,
                                on_state=on_state, on_queue=on_queue)

@@ -20,7 +20,6 @@ from reactor_serve.serve.config import AppArgs, model_deployment_options
 from reactor_serve.serve.gpu_placement import discover_cluster_gpus, resolve_gpus
 from reactor_serve.serve.ingress import make_ingress
 from reactor_serve.serve.replica import ModelReplica
-from reactor_serve.webrtc.ice import client_ice_servers
 
 __all__ = ["build_app"]
 
@@ -69,7 +68,10 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
         max_ongoing_requests=args.ingress_max_ongoing_requests,
         ray_actor_options={"num_cpus": args.ingress_cpus},
     )
-    return ingress.bind(models, handles, client_ice_servers(args.ice_servers))
+    # The servers themselves, not client lists: the ingress mints TURN credentials
+    # per session from a server's secret (webrtc/turn_credentials.py).
+    ice_servers = [server.model_dump(mode="json", exclude_none=True) for server in args.ice_servers]
+    return ingress.bind(models, handles, ice_servers)
 
 
 def _shipped_root() -> Path | None:

@@ -42,6 +42,8 @@ from reactor_serve.webrtc.backend import (
     UnknownSession,
     mask_session_id,
 )
+from reactor_serve.webrtc.ice import client_ice_servers, require_turn_secrets, session_ice_servers
+from reactor_serve.webrtc.settings import IceServer
 
 __all__ = ["AdmissionTimeout", "ServeBackend"]
 
@@ -82,7 +84,10 @@ class ServeBackend:
         self._spec = spec
         self.handle = handle
         self._directory = directory
-        self._ice_servers = ice_servers
+        # The app's STUN/TURN servers (IceServer as JSON): a TURN server with a secret
+        # gets credentials minted per session; its secret must be readable here.
+        self._ice_servers = [IceServer.model_validate(server) for server in ice_servers]
+        require_turn_secrets(self._ice_servers)
         self._metrics = metrics
         self._deployment = deployment_name or f"model-{spec.name}"
         # Sessions whose slot wait this ingress replica holds: session id -> task.
@@ -261,8 +266,8 @@ class ServeBackend:
         return {"healthy": problem is None, "model": self._spec.name,
                 **({"detail": problem} if problem else {})}
 
-    def ice_servers(self) -> list[dict[str, Any]]:
-        return self._ice_servers
+    def ice_servers(self, session_id: str) -> list[dict[str, Any]]:
+        return client_ice_servers(session_ice_servers(self._ice_servers, session_id))
 
     # ---- for the ingress ----------------------------------------------------------
 

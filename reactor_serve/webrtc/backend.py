@@ -209,5 +209,6 @@ class SessionBackend(Protocol):
     async def health(self) -> dict[str, Any]:
         """`{"healthy": bool, "live_sessions": int, ...}`."""
 
-    def ice_servers(self) -> list[dict[str, Any]]:
-        """`[{"uris": [...], "credentials"?: {"username", "password"}}]` for clients."""
+    def ice_servers(self, session_id: str) -> list[dict[str, Any]]:
+        """`[{"uris": [...], "credentials"?: {"username", "password"}}]` for the client
+        of `session_id`: TURN credentials minted from a secret are its own."""

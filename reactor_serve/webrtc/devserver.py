@@ -39,7 +39,8 @@ from reactor_serve.webrtc.backend import (
     UnknownSession,
     mask_session_id,
 )
-from reactor_serve.webrtc.ice import client_ice_servers
+from reactor_serve.webrtc.ice import client_ice_servers, session_ice_servers
+from reactor_serve.webrtc.node_network import with_node_network
 from reactor_serve.webrtc.session_routes import add_session_middleware, session_routes
 from reactor_serve.webrtc.settings import WebRTCSettings, WebRTCSettingsError
 from reactor_serve.webrtc.web_page import (
@@ -135,7 +136,9 @@ class LocalBackend:
         peer_factory: PeerFactory | None = None,
     ) -> None:
         self._host = host
-        self._settings = settings
+        # This node's address, port range and transport policy (environment) win; a
+        # malformed one fails here, where `reactor run` or a Serve replica starts.
+        self._settings = with_node_network(settings)
         self._offer_timeout_s = offer_timeout_s
         self._peer_factory = peer_factory
         self._current: _Slot | None = None
@@ -335,8 +338,8 @@ class LocalBackend:
             report["load_error"] = str(self._host.load_error)
         return report
 
-    def ice_servers(self) -> list[dict[str, Any]]:
-        return client_ice_servers(self._settings.ice_servers)
+    def ice_servers(self, session_id: str) -> list[dict[str, Any]]:
+        return client_ice_servers(session_ice_servers(self._settings.ice_servers, session_id))
 
     # ---- for the Serve replica and operators ----------------------------------------
 

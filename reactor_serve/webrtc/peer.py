@@ -37,7 +37,8 @@ from reactor_serve.runtime.session import EndReason, Session
 from reactor_serve.webrtc import data_channel, ice_candidates, protocol
 from reactor_serve.webrtc.backend import BackendError, OfferRejected, SessionState, UnknownSession
 from reactor_serve.webrtc.codecs import apply_bitrate_range, prefer_codec
-from reactor_serve.webrtc.ice import rtc_configuration, use_loopback_candidates
+from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
+from reactor_serve.webrtc.ice import rtc_configuration, session_ice_servers
 from reactor_serve.webrtc.media import OutputFanout, receive_input
 from reactor_serve.webrtc.settings import WebRTCSettings
 
@@ -138,8 +139,8 @@ class PeerSession:
         self._local_ids = itertools.count(-1, -1)
         self.ignored_frames = 0
         apply_bitrate_range(settings)
-        if settings.loopback_candidates:
-            use_loopback_candidates(True)
+        # Loopback only, a port range, an announced address: per peer connection.
+        self._host_candidates = HostCandidatePolicy.from_settings(settings)
 
     # ---- state ------------------------------------------------------------------
 
@@ -239,7 +240,11 @@ class PeerSession:
                     raise
                 self._raise_if_ended()
             assert self._fanout is not None and self.session is not None
-            pc = RTCPeerConnection(rtc_configuration(self.settings.ice_servers))
+            # TURN credentials minted from a secret are fresh for each connection.
+            pc = RTCPeerConnection(rtc_configuration(
+                session_ice_servers(self.settings.ice_servers, self.id),
+                self.settings.ice_transport_policy,
+            ))
             conn.pc, conn.remote_set = pc, False
             tracks: list[Any] = []
             inputs: list[tuple[Any, str]] = []
@@ -269,6 +274,10 @@ class PeerSession:
                     await _add_candidate(pc, candidate)
                 # Candidates trickled from here on go straight to `pc` (see
                 # add_ice_candidates), also while the answer gathers ours.
+                if self._host_candidates is not None:
+                    # Now that the offer's bundling left one transport per group,
+                    # and before setLocalDescription gathers.
+                    self._host_candidates.apply(pc)
                 await pc.setLocalDescription(await pc.createAnswer())
                 self._raise_if_ended()
             except BaseException as exc:

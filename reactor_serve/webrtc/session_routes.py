@@ -290,7 +290,7 @@ def session_routes(
         sid = _session_id(sid)
         b = backend_for(request)
         await b.get_session(sid)  # 404 for an unknown session
-        return _json({"ice_servers": b.ice_servers()})
+        return _json({"ice_servers": b.ice_servers(sid)})
 
     @_answering
     async def offer(request: Request, sid: str) -> JSONResponse:

@@ -10,14 +10,32 @@
         - urls: ["turn:turn.example.com:3478"]
           username: user
           credential: secret
+        - urls: ["turn:turn.example.com:3478"]   # or: short-lived credentials per session,
+          secret_env: TURN_SECRET                # minted from coturn's static-auth-secret
+          credential_ttl_s: 7200
+      # Where this node is reachable (see webrtc/host_candidates.py); per node, the
+      # environment variables of webrtc/node_network.py override these.
+      announced_address: 203.0.113.7   # host candidates advertised with this address
+      udp_port_range: 50000-50199      # host candidates bind only these UDP ports
+      ice_transport_policy: all        # all | relay (relay candidates only)
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Any, Literal
 
 from reactor_serve.runtime.field_errors import field_problems
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 __all__ = ["IceServer", "WebRTCSettings", "WebRTCSettingsError"]
 
@@ -32,8 +50,22 @@ class IceServer(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     urls: list[str] = Field(min_length=1)
+    # Static credentials, handed to every client as they are...
     username: str | None = None
     credential: str | None = None
+    # ...or the TURN REST scheme (coturn's `use-auth-secret` + `static-auth-secret`):
+    # a fresh username and credential minted per session from this shared secret
+    # (webrtc/turn_credentials.py), or from the environment variable `secret_env`
+    # names, read where credentials are minted (a Kubernetes secret mounted as env).
+    secret: str | None = Field(default=None, min_length=1, repr=False)
+    secret_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # How long a minted credential is valid. The TURN server checks it whenever an
+    # allocation is made (coturn keeps refreshing a live one past it), and a client
+    # that reconnects late in its session allocates again with the credentials it got
+    # at the start: so it must outlast the longest session (Serve's default
+    # max_session_s is 3600) plus its wait for a slot. Two hours covers that with
+    # room, and a credential copied out of a page is dead soon after its session.
+    credential_ttl_s: int = Field(default=7200, ge=60, le=7 * 86400)
 
     @field_validator("urls", mode="before")
     @classmethod
@@ -47,6 +79,30 @@ class IceServer(BaseModel):
             if not url.split(":", 1)[0] in ("stun", "stuns", "turn", "turns"):
                 raise ValueError(f"{url!r} is not a stun:, stuns:, turn: or turns: URL")
         return urls
+
+    @model_validator(mode="after")
+    def _one_kind_of_credentials(self) -> IceServer:
+        minted = [name for name in ("secret", "secret_env") if getattr(self, name) is not None]
+        static = [name for name in ("username", "credential") if getattr(self, name) is not None]
+        if len(minted) > 1:
+            raise ValueError("set 'secret' or 'secret_env', not both")
+        if minted and static:
+            raise ValueError(
+                f"'{minted[0]}' mints credentials per session: remove "
+                + " and ".join(f"'{name}'" for name in static)
+            )
+        if minted and not self.is_turn:
+            raise ValueError(f"'{minted[0]}' is for TURN servers: 'urls' has no turn: or turns: URL")
+        return self
+
+    @property
+    def mints_credentials(self) -> bool:
+        """Whether this server's credentials are minted per session (TURN REST)."""
+        return self.secret is not None or self.secret_env is not None
+
+    @property
+    def is_turn(self) -> bool:
+        return any(url.startswith(("turn:", "turns:")) for url in self.urls)
 
 
 class WebRTCSettings(BaseModel):
@@ -62,6 +118,14 @@ class WebRTCSettings(BaseModel):
     # Gather host candidates on 127.0.0.1 only: for a browser or client on the same
     # machine, as with `reactor run` on a laptop and in tests (see webrtc/ice.py).
     loopback_candidates: bool = False
+    # 1:1 NAT: host candidates keep their socket but are advertised with this address
+    # (the node's public IP), same port. See webrtc/host_candidates.py.
+    announced_address: str | None = None
+    # Host candidates bind only UDP ports in [min, max] (open that range in the
+    # firewall): `[50000, 50199]` or "50000-50199".
+    udp_port_range: tuple[int, int] | None = None
+    # "relay": only TURN relay candidates are offered (media always through TURN).
+    ice_transport_policy: Literal["all", "relay"] = "all"
     # A session with no inbound data-channel frame for this long is ended (client gone).
     idle_timeout_s: float = Field(default=20.0, gt=0)
     # A session whose transport is lost without `stop_session` (peer connection closed
@@ -69,6 +133,52 @@ class WebRTCSettings(BaseModel):
     # state and a new offer resumes it (the JS SDK's reconnect). 0 ends it at once.
     reconnect_grace_s: float = Field(default=30.0, ge=0)
     stats_interval_s: float = Field(default=1.0, gt=0)
+
+    @field_validator("announced_address")
+    @classmethod
+    def _ip_address(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            address = ipaddress.ip_address(value.strip())
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address") from None
+        if address.is_unspecified or address.is_multicast:
+            raise ValueError(f"{value!r} cannot be announced: it is not a unicast address")
+        return str(address)
+
+    @field_validator("udp_port_range", mode="before")
+    @classmethod
+    def _port_range_text(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            match = re.fullmatch(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*", value)
+            if match is None:
+                raise ValueError(f"{value!r} is not a port range like \"50000-50199\"")
+            return (int(match[1]), int(match[2]))
+        return value
+
+    @field_validator("udp_port_range")
+    @classmethod
+    def _port_range(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is None:
+            return None
+        low, high = value
+        if not (1024 <= low <= 65535 and 1024 <= high <= 65535):
+            raise ValueError(f"ports must be within 1024..65535, got {low}-{high}")
+        if low > high:
+            raise ValueError(f"the first port must not exceed the last, got {low}-{high}")
+        return value
+
+    @field_validator("ice_transport_policy")
+    @classmethod
+    def _relay_needs_turn(cls, value: str, info: ValidationInfo) -> str:
+        servers = info.data.get("ice_servers")
+        # `ice_servers` is validated first; when it failed, its own error says why.
+        if value == "relay" and servers is not None and not any(s.is_turn for s in servers):
+            raise ValueError(
+                "relay offers relay candidates only: 'ice_servers' needs a turn: or turns: server"
+            )
+        return value
 
     @model_validator(mode="after")
     def _ordered(self) -> WebRTCSettings:
