@@ -14,6 +14,7 @@ settings.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from typing import Any
@@ -113,6 +114,10 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
 
     @app.get("/models")
     async def list_models() -> dict[str, Any]:
+        backends = _live_backends()
+        # Each backend's capacity is a cached reading, so a picker polling this
+        # costs Serve's controller one status read per interval, not one per poll.
+        capacities = await asyncio.gather(*(b.capacity() for b in backends.values()))
         return {
             "models": [
                 {
@@ -120,8 +125,9 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
                     "base_url": f"/models/{name}",
                     "capabilities": schema.capabilities(backend.spec),
                     "schema": schema.model_schema(backend.spec),
+                    "capacity": capacity,
                 }
-                for name, backend in _live_backends().items()
+                for (name, backend), capacity in zip(backends.items(), capacities, strict=True)
             ]
         }
 
@@ -167,8 +173,6 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
 
 
 async def _application_deleting(app_name: str) -> bool:
-    import asyncio
-
     def read() -> bool:
         try:
             status = serve.status().applications.get(app_name)

@@ -82,9 +82,10 @@ class ModelReplica:
         if self._directory is not None:
             # What the ingress needs to know of this model, published by the model
             # itself, so the ingress's args never carry a model's settings.
-            self._directory.publish_model(
-                model_name, {"admission_timeout_s": admission_timeout_s}
-            )
+            self._directory.publish_model(model_name, {
+                "admission_timeout_s": admission_timeout_s,
+                "max_replicas": _deployment_max_replicas(),
+            })
 
     def check_health(self) -> None:
         """Serve's health check: fails once the model thread is gone."""
@@ -136,6 +137,9 @@ class ModelReplica:
                 "state": "placed", "replica": self._identity["actor"],
                 "replica_namespace": self._identity["namespace"],
                 "replica_id": self._identity["replica_id"], "gpu_ids": _gpu_ids(),
+                # Where the session runs, for operators (and the cluster tests that
+                # prove a session runs on a worker node).
+                "node_id": self._identity["node_id"], "node_ip": self._identity["node_ip"],
             }
             await directory.update(session_id, **placement)
             # The ingress may have rewritten the record (a newer offer, candidates)
@@ -314,7 +318,8 @@ def _rejected(exc: BackendError) -> dict[str, Any]:
 
 def _replica_identity() -> dict[str, Any] | None:
     """This replica's Ray actor name and namespace (what the ingress calls), its
-    Serve replica id and application; None outside Serve."""
+    Serve replica id and application, and its Ray node's id and IP; None outside
+    Serve."""
     try:
         import ray
         from ray import serve
@@ -327,7 +332,25 @@ def _replica_identity() -> dict[str, Any] | None:
             "namespace": SERVE_ACTOR_NAMESPACE,
             "replica_id": context.replica_id.unique_id,
             "app": context.app_name,
+            "node_id": runtime.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
         }
+    except Exception:
+        return None
+
+
+def _deployment_max_replicas() -> int | None:
+    """The most replicas this replica's deployment may have, as Serve runs it: its
+    autoscaling config's `max_replicas`, else its fixed `num_replicas`. Read from the
+    replica's own deployment config (Ray 2.60's `ReplicaContext._deployment_config`)
+    rather than from the app's args, so a `deployments:` override in a Serve config
+    is what is reported; None if Ray no longer exposes it."""
+    try:
+        from ray import serve
+
+        config = serve.get_replica_context()._deployment_config
+        autoscaling = config.autoscaling_config
+        return int(autoscaling.max_replicas if autoscaling is not None else config.num_replicas)
     except Exception:
         return None
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from reactor_serve.runtime.model_spec import ModelSpec
 from reactor_serve.runtime.session import EndReason
+from reactor_serve.serve.cached_reading import CachedReading
 from reactor_serve.serve.metrics import IngressMetrics
 from reactor_serve.serve.replica import SERVE_ACTOR_NAMESPACE, control_call
 from reactor_serve.serve.session_directory import SessionDirectory, SessionRecord
@@ -64,8 +65,10 @@ class ServeBackend:
 
     # A session that never gets an offer ends after this long.
     OFFER_TIMEOUT_S = 60.0
-    # How long a deployment-status or model-settings reading is reused.
+    # How long a deployment-status, model-settings or session-count reading is reused.
     STATUS_TTL_S = 2.0
+    # Serve's replica states counted as a replica being started.
+    STARTING_REPLICA_STATES = ("STARTING", "RECOVERING")
     # The longest an ingress waits for a replica's answer to a control call.
     CONTROL_TIMEOUT_S = 15.0
     # Trickled candidates kept for a session still waiting for a slot.
@@ -96,8 +99,9 @@ class ServeBackend:
         self._queue: list[str] = []
         self._queued_at: dict[str, float] = {}
         self._recent_wait_s: float | None = None
-        self._status: tuple[float, str | None] | None = None
-        self._settings: tuple[float, dict[str, Any]] | None = None
+        self._status = CachedReading(self._read_status, self.STATUS_TTL_S)
+        self._settings = CachedReading(self._read_settings, self.STATUS_TTL_S)
+        self._occupancy = CachedReading(self._read_occupancy, self.STATUS_TTL_S)
         self._actors: dict[tuple[str, str], Any] = {}
         self._me = _own_actor_name()
 
@@ -256,6 +260,8 @@ class ServeBackend:
                 "session": mask_session_id(session_id),
                 "state": "queued" if record["state"] == SessionState.WAITING else record["state"],
                 "replica": record.get("replica_id"),
+                "node_id": record.get("node_id"),
+                "node_ip": record.get("node_ip"),
                 "gpu_ids": record.get("gpu_ids") or [],
                 "created_at": record.get("created_at"),
             })
@@ -270,6 +276,39 @@ class ServeBackend:
         return client_ice_servers(session_ice_servers(self._ice_servers, session_id))
 
     # ---- for the ingress ----------------------------------------------------------
+
+    async def capacity(self) -> dict[str, int | None]:
+        """What `GET /models` shows of this model: `replicas` running, `starting`,
+        `busy` (running a live session), `free`, `waiting` sessions, `max_replicas`.
+
+        Replica counts are Serve's own (`serve.status()`), sessions are the session
+        directory's, `max_replicas` is what the model's replicas published of their
+        deployment; each reading is reused for `STATUS_TTL_S`, so pollers cost the
+        controller and the GCS one read per interval. A count not known (Serve's
+        controller did not answer, or no replica has started yet) is None.
+        """
+        overview, occupancy, settings = await asyncio.gather(
+            self._status.get(), self._occupancy.get(), self._settings.get()
+        )
+        replicas = starting = free = None
+        # One session per replica; the cap keeps a record that outlived its replica
+        # (both it and its holder died) from counting a busy replica that is not there.
+        busy = occupancy["live"]
+        if overview is not None:
+            states = overview.replica_states
+            replicas = int(states.get("RUNNING", 0))
+            starting = sum(int(states.get(state, 0)) for state in self.STARTING_REPLICA_STATES)
+            busy = min(busy, replicas)
+            free = replicas - busy
+        max_replicas = settings.get("max_replicas")
+        return {
+            "replicas": replicas,
+            "starting": starting,
+            "busy": busy,
+            "free": free,
+            "waiting": occupancy["waiting"],
+            "max_replicas": int(max_replicas) if isinstance(max_replicas, int) else None,
+        }
 
     async def end_all(self, reason: str, message: str) -> None:
         """End every live session of this model (the application is shutting down)."""
@@ -472,13 +511,23 @@ class ServeBackend:
     # ---- model availability -------------------------------------------------------
 
     async def _model_settings(self) -> dict[str, Any]:
-        now = time.monotonic()
-        if self._settings is None or now - self._settings[0] > self.STATUS_TTL_S:
-            try:
-                self._settings = (now, await self._directory.model_settings(self._spec.name))
-            except Exception:
-                self._settings = (now, {})
-        return self._settings[1]
+        return await self._settings.get()
+
+    async def _read_settings(self) -> dict[str, Any]:
+        try:
+            return await self._directory.model_settings(self._spec.name)
+        except Exception:
+            return {}
+
+    async def _read_occupancy(self) -> dict[str, int]:
+        settings = await self._model_settings()
+        # A wait outlives admission_timeout_s only when nothing holds it any more.
+        max_wait = float(settings.get("admission_timeout_s", 60.0)) + self.STATUS_TTL_S
+        try:
+            return await self._directory.session_counts(self._spec.name, max_wait_s=max_wait)
+        except Exception as exc:
+            log.warning("counting the sessions of %s failed: %r", self._spec.name, exc)
+            return {"live": 0, "waiting": 0}
 
     async def _check_available(self) -> None:
         problem = await self._problem()
@@ -488,19 +537,8 @@ class ServeBackend:
     async def _problem(self) -> str | None:
         """Why the model's deployment cannot run any session (its load() failed),
         so a client gets the model's error instead of a wait that never ends."""
-        now = time.monotonic()
-        if self._status is None or now - self._status[0] > self.STATUS_TTL_S:
-            self._status = (now, await asyncio.to_thread(self._read_status))
-        return self._status[1]
-
-    def _read_status(self) -> str | None:
-        try:
-            from ray import serve
-
-            context = serve.get_replica_context()
-            app = serve.status().applications[context.app_name]
-            deployment = app.deployments[self._deployment]
-        except Exception:
+        deployment = await self._status.get()
+        if deployment is None:
             return None  # outside Serve, or the controller is busy: let it try
         if deployment.replica_states.get("RUNNING", 0) == 0 and str(deployment.status) in (
             "DeploymentStatus.DEPLOY_FAILED", "DeploymentStatus.UNHEALTHY",
@@ -510,6 +548,20 @@ class ServeBackend:
             detail = first_line[0] if first_line else str(deployment.status)
             return f"model {self._spec.name!r} is not available: {detail}"
         return None
+
+    async def _read_status(self) -> Any:
+        """The model deployment's `DeploymentStatusOverview` from Serve's controller
+        (off the event loop: `serve.status()` blocks); None when it cannot be had."""
+        return await asyncio.to_thread(self._read_status_blocking)
+
+    def _read_status_blocking(self) -> Any:
+        try:
+            from ray import serve
+
+            context = serve.get_replica_context()
+            return serve.status().applications[context.app_name].deployments[self._deployment]
+        except Exception:
+            return None
 
 
 def _ended(session_id: str, record: SessionRecord) -> UnknownSession:

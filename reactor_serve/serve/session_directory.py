@@ -43,7 +43,8 @@ class SessionDirectory:
     actor name of the ingress replica holding the slot wait), `replica` (the actor
     name of the model replica that owns the session), `admission_error`
     (`{"status", "detail", "retry_after_s"}` when no slot was had), `end_reason`,
-    `end_message`, `ended_at`.
+    `end_message`, `ended_at`; once placed, also `replica_id`, `node_id` and `node_ip`
+    (the Ray node the owning replica runs on) and `gpu_ids`, written with the placement.
     """
 
     # Ended sessions are remembered this long, so a late poll learns why.
@@ -111,6 +112,26 @@ class SessionDirectory:
             if record is not None:
                 found[session_id] = record
         return found
+
+    async def session_counts(self, model: str, *, max_wait_s: float | None = None) -> dict[str, int]:
+        """`{"live", "waiting"}`: `model`'s placed sessions, and those waiting for a
+        slot. A wait queued longer than `max_wait_s` ago is not counted: its holder
+        would have ended it by then, so nothing holds it any more (its ingress replica
+        died and its client went away)."""
+        live = waiting = 0
+        now = time.time()
+        for record in (await self.records()).values():
+            if record.get("model") != model:
+                continue
+            state = record.get("state")
+            if state == "placed":
+                live += 1
+            elif state == "waiting":
+                queued_at = record.get("queued_at")
+                if max_wait_s is None or not isinstance(queued_at, (int, float)) \
+                        or now - queued_at <= max_wait_s:
+                    waiting += 1
+        return {"live": live, "waiting": waiting}
 
     # ---- queue positions ----------------------------------------------------------
     #

@@ -341,6 +341,15 @@ class LocalBackend:
     def ice_servers(self, session_id: str) -> list[dict[str, Any]]:
         return client_ice_servers(session_ice_servers(self._settings.ice_servers, session_id))
 
+    def capacity(self) -> dict[str, int]:
+        """The same shape as a Serve model's capacity in `GET /models`: one replica
+        (this process; none once the model thread is gone), busy while a session is
+        live (an orphaned one included), and no queue: a second session gets 409."""
+        replicas = 1 if self._host.healthy else 0
+        busy = 1 if self._current is not None and replicas else 0
+        return {"replicas": replicas, "starting": 0, "busy": busy, "free": replicas - busy,
+                "waiting": 0, "max_replicas": 1}
+
     # ---- for the Serve replica and operators ----------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -586,6 +595,7 @@ def create_app(
             "server_version": __version__,
             "healthy": backend.healthy,
             "live_sessions": len(backend.live_sessions()),
+            "capacity": backend.capacity(),
             "routes": {
                 "start_session": "POST /start_session",
                 "session": "GET /session",
