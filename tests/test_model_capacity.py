@@ -135,7 +135,7 @@ def test_picker_shows_capacity_and_updates_it(browser, capacity_app):
         wait_for(lambda: picker.locator(card).count() == 1, 30, "the gradient card")
         wait_for(lambda: picker.inner_text(card).startswith("1 free · 0 busy · 0 waiting"), 20,
                  "the idle capacity")
-        assert "up to 1 replicas" in picker.inner_text(card)
+        assert picker.inner_text(card) == "1 free · 0 busy · 0 waiting · up to 1 replica"
 
         player = player_context.new_page()
         player.goto(capacity_app + "/models/gradient/")
@@ -165,3 +165,32 @@ def test_picker_shows_capacity_and_updates_it(browser, capacity_app):
     finally:
         picker_context.close()
         player_context.close()
+
+
+def test_a_model_scaled_to_zero_says_so_and_its_first_session_starts_a_replica(browser, ray_serve):
+    url = ray_serve.deploy("capacity-cold", {"models": [
+        {"path": GRADIENT, "min_replicas": 0, "max_replicas": 1, "warm_spares": 0,
+         "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}}]})
+    card = ".model-card:has-text('gradient') .capacity"
+    picker_context, player_context = browser.new_context(), browser.new_context()
+    try:
+        [model] = httpx.get(f"{url}/models", timeout=10).json()["models"]
+        # No replica has run yet, so none has published the deployment's max_replicas.
+        assert model["capacity"] == {"replicas": 0, "starting": 0, "busy": 0, "free": 0,
+                                     "waiting": 0, "max_replicas": None}
+        picker = picker_context.new_page()
+        picker.goto(url + "/")
+        wait_for(lambda: picker.locator(card).count() == 1, 30, "the gradient card")
+        assert picker.inner_text(card) == "scales from zero — first session starts a replica"
+
+        player = player_context.new_page()
+        player.goto(url + "/models/gradient/")
+        wait_for(lambda: player.inner_text("#connection") == "connected", 90,
+                 "the first session to start a replica and connect")
+        wait_for(lambda: picker.inner_text(card) == "0 free · 1 busy · 0 waiting · up to 1 replica",
+                 20, "the picker to show the started replica busy")
+        player.click("#stop")
+    finally:
+        picker_context.close()
+        player_context.close()
+        ray_serve.delete("capacity-cold")

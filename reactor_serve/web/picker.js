@@ -101,7 +101,9 @@ function describeCapacity(c) {
   if (typeof c.free === "number") parts.push(`${c.free} free`);
   parts.push(`${c.busy} busy`, `${c.waiting} waiting`);
   if (c.starting) parts.push(`${c.starting} starting…`);
-  if (typeof c.max_replicas === "number") parts.push(`up to ${c.max_replicas} replicas`);
+  if (typeof c.max_replicas === "number") {
+    parts.push(`up to ${c.max_replicas} replica${c.max_replicas === 1 ? "" : "s"}`);
+  }
   return [parts.join(" · "), c.free === 0 ? "full" : "free"];
 }
 
