@@ -229,12 +229,70 @@ async def _feed_test_pattern(client: object, track: str, fps: float) -> None:
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
 
 
+# --------------------------------------------------------------------------- doctor
+
+
+def _add_doctor(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "doctor",
+        help="check which network paths carry a model's media to this machine",
+        description=(
+            "Open one session with the model at URL and try one WebRTC connection per "
+            "path: direct (host candidates), stun (server-reflexive, through the "
+            "session's STUN servers) and relay (through its TURN servers). Each path "
+            "is ok when ICE connects and media arrives. Exit code 0 when a path works, "
+            "1 when none does, 2 when the check could not run."
+        ),
+    )
+    parser.add_argument(
+        "url", metavar="URL",
+        help="the server (reactor run's, or the Serve ingress) or a model's base URL",
+    )
+    parser.add_argument(
+        "--model", metavar="NAME", default=None,
+        help="the model to check on a server with several (default: the first)",
+    )
+    parser.add_argument(
+        "--token", metavar="T", default=None, help="the server's token (Authorization: Bearer T)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--path", dest="paths", action="append", choices=("direct", "stun", "relay"),
+        help="check only this path (repeatable; default: all three)",
+    )
+    parser.add_argument(
+        "--timeout", metavar="S", type=float, default=10.0,
+        help="seconds each path may take to connect and deliver media (default 10)",
+    )
+    parser.set_defaults(handler=_cmd_doctor)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from reactor_serve.client.doctor import PATHS, DoctorError, check_connectivity
+
+    if not args.timeout > 0:
+        raise CommandError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    try:
+        report = asyncio.run(
+            check_connectivity(args.url, model=args.model, token=args.token,
+                               timeout=args.timeout, paths=tuple(args.paths or PATHS))
+        )
+    except DoctorError as exc:
+        raise CommandError(str(exc)) from None
+    print(json.dumps(report.to_dict()) if args.json else report.table())
+    return 0 if report.ok else 1
+
+
 # --------------------------------------------------------------------------- main
 
 _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_init,
     _add_check,
     _add_run,
+    _add_doctor,
 ]
 
 

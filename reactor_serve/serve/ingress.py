@@ -33,6 +33,7 @@ from reactor_serve.serve.serve_backend import ServeBackend
 from reactor_serve.serve.session_directory import SessionDirectory
 from reactor_serve.webrtc import schema
 from reactor_serve.webrtc.web_page import (
+    DOCTOR_PAGE,
     PICKER_PAGE,
     PLAYER_PAGE,
     asset_routes,
@@ -106,6 +107,16 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
     async def player_page(request: Request) -> HTMLResponse:
         model_backend(request)  # 404 names the models when this one is unknown
         return page_response(PLAYER_PAGE)
+
+    # The connection check, for the first model at the root and for each model.
+    @app.get("/doctor", include_in_schema=False)
+    async def doctor_page() -> HTMLResponse:
+        return page_response(DOCTOR_PAGE)
+
+    @app.get("/models/{name}/doctor", include_in_schema=False)
+    async def model_doctor_page(request: Request) -> HTMLResponse:
+        model_backend(request)  # 404 names the models when this one is unknown
+        return page_response(DOCTOR_PAGE)
 
     @app.get("/models/{name}", include_in_schema=False)
     async def player_folder(name: str) -> RedirectResponse:

@@ -502,7 +502,7 @@ export class ReactorSession extends EventTarget {
   }
 }
 
-function errorOf(response, body) {
+export function errorOf(response, body) {
   let detail = body && body.detail;
   if (typeof detail !== "string") detail = detail ? JSON.stringify(detail) : response.statusText;
   const retry = response.headers.get("Retry-After");
@@ -510,7 +510,7 @@ function errorOf(response, body) {
   return new SessionError(`${response.status}: ${detail}${suffix}`, response.status);
 }
 
-async function readJson(response) {
+export async function readJson(response) {
   try {
     return await response.json();
   } catch {
@@ -525,7 +525,7 @@ async function readJson(response) {
  * TCP candidates (which the server cannot use) take another ~120 ms: so a short quiet
  * spell after the last UDP candidate is enough.
  */
-function candidatesReady(pc, hasIceServers) {
+export function candidatesReady(pc, hasIceServers) {
   if (pc.iceGatheringState === "complete") return Promise.resolve();
   return new Promise((resolve) => {
     let quiet = null;
@@ -552,6 +552,6 @@ function candidatesReady(pc, hasIceServers) {
   });
 }
 
-function sleep(ms) {
+export function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }

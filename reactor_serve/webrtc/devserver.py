@@ -44,6 +44,7 @@ from reactor_serve.webrtc.node_network import with_node_network
 from reactor_serve.webrtc.session_routes import add_session_middleware, session_routes
 from reactor_serve.webrtc.settings import WebRTCSettings, WebRTCSettingsError
 from reactor_serve.webrtc.web_page import (
+    DOCTOR_PAGE,
     PLAYER_PAGE,
     asset_routes,
     page_response,
@@ -584,6 +585,10 @@ def create_app(
     )
 
     app.include_router(asset_routes(""))
+
+    @app.get("/doctor", include_in_schema=False)
+    async def doctor_page() -> HTMLResponse:
+        return page_response(DOCTOR_PAGE)
 
     @app.get("/", response_model=None)
     async def index(request: Request) -> dict[str, Any] | HTMLResponse:

@@ -16,10 +16,19 @@ import re
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 
-__all__ = ["PICKER_PAGE", "PLAYER_PAGE", "asset_routes", "page_response", "wants_html"]
+__all__ = [
+    "DOCTOR_PAGE",
+    "PICKER_PAGE",
+    "PLAYER_PAGE",
+    "asset_routes",
+    "page_response",
+    "wants_html",
+]
 
 PLAYER_PAGE = "player.html"
 PICKER_PAGE = "index.html"
+# The connection check: which network paths carry the model's media to this browser.
+DOCTOR_PAGE = "doctor.html"
 
 _ASSET_NAME = re.compile(r"^[a-z][a-z0-9_]*\.(js|css)$")
 _CONTENT_TYPES = {"js": "text/javascript; charset=utf-8", "css": "text/css; charset=utf-8"}
@@ -36,7 +45,7 @@ def _read(name: str) -> str | None:
 
 
 def page_response(page: str) -> HTMLResponse:
-    """One of the pages (`PLAYER_PAGE`, `PICKER_PAGE`)."""
+    """One of the pages (`PLAYER_PAGE`, `PICKER_PAGE`, `DOCTOR_PAGE`)."""
     text = _read(page)
     if text is None:
         raise HTTPException(500, f"the web client's {page} is missing from the installed package")
