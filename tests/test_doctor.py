@@ -158,5 +158,11 @@ def test_doctor_through_the_serve_ingress(ray_serve):
         done = doctor(url, "--model", "nope")
         assert done.returncode == 2
         assert "unknown model 'nope'" in done.stderr and "gradient" in done.stderr, done.stderr
+        # The connection check page, for the first model and for each one by name.
+        for page in ("doctor", "models/gradient/doctor"):
+            reply = httpx.get(f"{url}/{page}")
+            assert reply.status_code == 200 and "_web/doctor.js" in reply.text, page
+        unknown = httpx.get(f"{url}/models/nope/doctor")
+        assert unknown.status_code == 404 and "gradient" in unknown.json()["detail"]
     finally:
         ray_serve.delete("doctor")
