@@ -169,7 +169,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from reactor_serve.runtime.host import ModelLoadError
     from reactor_serve.webrtc.devserver import create_app
-    from reactor_serve.webrtc.ice import is_loopback_host
+    from reactor_serve.webrtc.host_candidates import is_loopback_host
     from reactor_serve.webrtc.settings import WebRTCSettingsError
 
     # A browser on this machine reaches a loopback server through 127.0.0.1, which

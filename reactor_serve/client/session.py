@@ -32,8 +32,7 @@ import httpx
 import numpy as np
 
 from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo, Signal
-from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
-from reactor_serve.webrtc.ice import is_loopback_host
+from reactor_serve.webrtc.host_candidates import HostCandidatePolicy, is_loopback_host
 
 __all__ = [
     "ClientState",

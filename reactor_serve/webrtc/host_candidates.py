@@ -39,9 +39,20 @@ from aiortc import RTCPeerConnection
 from reactor_serve.webrtc.backend import ModelUnavailable
 from reactor_serve.webrtc.settings import WebRTCSettings
 
-__all__ = ["HostCandidatePolicy", "UdpPortRangeExhausted"]
+__all__ = ["HostCandidatePolicy", "UdpPortRangeExhausted", "is_loopback_host"]
 
 log = logging.getLogger("reactor_serve.webrtc")
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a host name or address is this machine's loopback: a server or client
+    there wants `HostCandidatePolicy(loopback_only=True)`."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class UdpPortRangeExhausted(ModelUnavailable):

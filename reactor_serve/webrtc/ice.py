@@ -7,7 +7,6 @@ announced address) is a per-connection policy of its own: webrtc/host_candidates
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from typing import Any, Literal
 
@@ -18,21 +17,10 @@ from reactor_serve.webrtc.turn_credentials import mint_turn_credentials, session
 
 __all__ = [
     "client_ice_servers",
-    "is_loopback_host",
     "require_turn_secrets",
     "rtc_configuration",
     "session_ice_servers",
 ]
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether a host name or address is this machine's loopback."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _secret(server: IceServer) -> str:
