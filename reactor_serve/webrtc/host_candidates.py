@@ -95,8 +95,11 @@ class HostCandidatePolicy:
             # `get_component_candidates` (the coroutine aioice's gather_candidates
             # calls per component), which leaves every other connection alone.
             connection: Connection = gatherer._connection
+            aioice_gathering = connection.get_component_candidates
+            if isinstance(aioice_gathering, _ComponentGathering):
+                aioice_gathering = aioice_gathering.aioice_gathering  # applied again
             connection.get_component_candidates = _ComponentGathering(  # type: ignore[method-assign]
-                self, connection, connection.get_component_candidates
+                self, connection, aioice_gathering
             )
 
     def bind_addresses(self, interface_addresses: list[str]) -> list[str]:
@@ -110,11 +113,15 @@ class HostCandidatePolicy:
             return ["::" if family == 6 else "0.0.0.0"]
         return list(interface_addresses)
 
-    def _ports(self) -> list[int]:
-        assert self.port_range is not None
-        low, high = self.port_range
-        start = random.randint(low, high)
-        return [*range(start, high + 1), *range(low, start)]
+
+def _ports_to_try(port_range: tuple[int, int] | None) -> list[int]:
+    """Every port of the range from a random start, wrapping around (so concurrent
+    sessions rarely race for the same one); [0] (any) with no range."""
+    if port_range is None:
+        return [0]
+    low, high = port_range
+    start = random.randint(low, high)
+    return [*range(start, high + 1), *range(low, start)]
 
 
 def _ice_gatherers(pc: RTCPeerConnection) -> list[Any]:
@@ -140,7 +147,7 @@ class _ComponentGathering:
         self._policy = policy
         self._connection = connection
         # aioice's own method, bound: given no address it gathers the TURN relay only.
-        self._aioice_gathering = aioice_gathering
+        self.aioice_gathering = aioice_gathering
 
     async def __call__(self, component: int, addresses: list[str],
                        timeout: int = 5) -> list[Candidate]:
@@ -156,8 +163,8 @@ class _ComponentGathering:
             if connection.stun_server is not None
             and ipaddress.ip_address(protocol.local_candidate.host).version == 4
         ]
-        candidates += await self._aioice_gathering(component=component, addresses=[],
-                                                   timeout=timeout)
+        candidates += await self.aioice_gathering(component=component, addresses=[],
+                                                  timeout=timeout)
         if reflexive:
             done, pending = await asyncio.wait(reflexive, timeout=timeout)
             for task in pending:
@@ -210,8 +217,7 @@ class _ComponentGathering:
         """A UDP socket bound on `address` (a port of the range when one is set);
         None when the address cannot be bound at all (aioice skips those too)."""
         family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
-        ports = self._policy._ports() if self._policy.port_range is not None else [0]
-        for port in ports:
+        for port in _ports_to_try(self._policy.port_range):
             sock = socket.socket(family, socket.SOCK_DGRAM)
             try:
                 if family == socket.AF_INET6:
