@@ -40,8 +40,7 @@ from reactor_serve.client.session import (
     offer_signal,
     start_session,
 )
-from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
-from reactor_serve.webrtc.ice import is_loopback_host
+from reactor_serve.webrtc.host_candidates import HostCandidatePolicy, is_loopback_host
 
 __all__ = [
     "PATHS",
@@ -223,8 +222,11 @@ async def check_connectivity(
                 # aioice leaves 127.0.0.1 out of its candidates; a server on this
                 # machine is reached through it (as `connect()` does).
                 loopback = is_loopback_host(parsed.hostname)
-                results = await _check_paths(http, base, descriptor, ice, paths, timeout,
-                                             loopback)
+                checker = _PathChecker(http, base, descriptor, ice, timeout, loopback)
+                try:
+                    results = [await checker.check(path) for path in PATHS if path in paths]
+                finally:
+                    await checker.close()
             finally:
                 # A normal stop: the session ends now rather than after its grace.
                 try:
@@ -268,80 +270,145 @@ def _why(exc: SessionRefused) -> str:
     return str(exc)
 
 
-async def _check_paths(
-    http: httpx.AsyncClient,
-    base: str,
-    descriptor: dict[str, Any],
-    ice: list[dict[str, Any]],
-    paths: tuple[str, ...],
-    timeout: float,
-    loopback: bool,
-) -> list[PathResult]:
-    capabilities = descriptor.get("capabilities") or {}
-    inputs = {
-        t["name"]: _INPUT_FRAME
-        for t in capabilities.get("tracks", [])
-        if t.get("direction") == "sendonly" and t.get("kind") == "video"
-    }
-    peer = ClientPeer(
-        capabilities, inputs=inputs,
-        host_candidates=HostCandidatePolicy(loopback_only=True) if loopback else None,
-    )
-    lost = asyncio.Event()
-    lost_why: list[str] = []
-    previous: list[Any] = [None]
+class _PathChecker:
+    """The paths of one session, tried one after the other on one `ClientPeer`: each
+    path is a new connection (the first offer a POST, later ones PUTs)."""
 
-    def on_lost(why: str) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        base: str,
+        descriptor: dict[str, Any],
+        ice: list[dict[str, Any]],
+        timeout: float,
+        loopback: bool,
+    ) -> None:
+        self._http, self._base, self._ice, self._timeout = http, base, ice, timeout
+        self._session_id: str = descriptor["session_id"]
+        capabilities = descriptor.get("capabilities") or {}
+        inputs = {
+            t["name"]: _INPUT_FRAME
+            for t in capabilities.get("tracks", [])
+            if t.get("direction") == "sendonly" and t.get("kind") == "video"
+        }
+        self.peer = ClientPeer(
+            capabilities, inputs=inputs,
+            host_candidates=HostCandidatePolicy(loopback_only=True) if loopback else None,
+        )
+        # A failed path must not end the peer: the next path offers again on it.
+        self.peer.on_lost = self._on_lost
+        self._offered = False
+        self._previous: Any = None  # the connection before the current attempt's
+        self._lost = asyncio.Event()
+        self._lost_why = ""
+        self._answered = 0.0
+        self._answer_types: dict[str, str] = {}
+
+    def _on_lost(self, why: str) -> None:
         # The server closes the previous path's connection as soon as it answers the
         # next offer, before that answer is applied here: not this path's failure.
-        if peer.pc is previous[0]:
+        if self.peer.pc is self._previous:
             return
-        lost_why.append(why)
-        lost.set()
+        self._lost_why = why
+        self._lost.set()
 
-    # A failed path must not end the peer: the next path offers again on it.
-    peer.on_lost = on_lost
-    offered = False
-    results: list[PathResult] = []
-    try:
-        for path in PATHS:
-            if path not in paths:
-                continue
-            servers = _servers_for(path, ice)
-            result = PathResult(path, UNAVAILABLE, ice_servers=[u for s in servers for u in s["uris"]])
-            results.append(result)
-            if path != "direct" and not servers:
-                kind = "STUN" if path == "stun" else "TURN"
-                result.reason = f"no {kind} server offered"
-                result.hint = _HINTS.get((path, UNAVAILABLE))
-                continue
-            peer.ice_servers = servers
-            peer.ice_transport_policy = "relay" if path == "relay" else "all"
-            lost.clear()
-            lost_why.clear()
-            previous[0] = peer.pc
-            # The session's first offer is a POST; later ones are new connections (PUT).
-            method = "PUT" if offered else "POST"
-            signal = offer_signal(http, base, descriptor["session_id"], method, _ANSWER_TIMEOUT_S)
-            state: dict[str, Any] = {}
+    async def check(self, path: str) -> PathResult:
+        servers = _servers_for(path, self._ice)
+        result = PathResult(path, UNAVAILABLE, ice_servers=[u for s in servers for u in s["uris"]])
+        if path != "direct" and not servers:
+            result.reason = f"no {'STUN' if path == 'stun' else 'TURN'} server offered"
+            result.hint = _HINTS.get((path, UNAVAILABLE))
+            return result
+        self.peer.ice_servers = servers
+        self.peer.ice_transport_policy = "relay" if path == "relay" else "all"
+        self._previous = self.peer.pc
+        self._lost.clear()
+        result.status = FAILED
+        await self._attempt(result)
+        if not result.ok:
+            result.hint = _HINTS.get((path, FAILED))
+        return result
 
-            async def filtered(sdp_offer: str, mapping: list[dict[str, Any]],
-                               path: str = path, signal: Signal = signal,
-                               state: dict[str, Any] = state) -> str:
-                nonlocal offered
-                offer = _offer_for(path, sdp_offer, result)
-                offered = True
-                answer = await signal(offer, mapping)
-                state["answered"] = time.monotonic()
-                state["answer_types"] = _address_types(answer)
-                return _answer_for(path, answer)
+    def _signal(self, result: PathResult) -> Signal:
+        """Deliver this path's offer and hand back its answer, each with only the
+        candidates of the path."""
+        method = "PUT" if self._offered else "POST"
+        deliver = offer_signal(self._http, self._base, self._session_id, method, _ANSWER_TIMEOUT_S)
 
-            await _attempt(peer, filtered, state, result, lost, lost_why, timeout)
-            if not result.ok:
-                result.hint = _HINTS.get((path, FAILED))
-    finally:
-        await peer.close()
-    return results
+        async def signal(sdp_offer: str, track_mapping: list[dict[str, Any]]) -> str:
+            offer = _offer_for(result.path, sdp_offer, result)
+            self._offered = True
+            answer = await deliver(offer, track_mapping)
+            self._answered = time.monotonic()
+            self._answer_types = _address_types(answer)
+            return _answer_for(result.path, answer)
+
+        return signal
+
+    async def _attempt(self, result: PathResult) -> None:
+        peer, timeout = self.peer, self._timeout
+        # connect() waits out its timeout even when ICE fails: race it against the loss.
+        connecting = asyncio.ensure_future(peer.connect(self._signal(result), timeout=timeout))
+        lost = asyncio.ensure_future(self._lost.wait())
+        try:
+            await asyncio.wait({connecting, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        if not connecting.done():
+            connecting.cancel()
+            await asyncio.wait({connecting})  # it closes its connection on the way out
+            result.reason = (
+                f"ICE failed ({self._lost_why}): no candidate pair answered connectivity "
+                f"checks (local {'/'.join(result.local_candidate_types)})"
+            )
+            return
+        try:
+            connecting.result()
+        except _PathFailed as exc:
+            result.reason = str(exc)
+            return
+        except SessionRefused as exc:
+            result.reason = f"the server refused the offer: {exc}"
+            return
+        except (TimeoutError, asyncio.TimeoutError):
+            result.reason = (
+                f"no connection within {timeout:g} s of the answer (ICE checks or DTLS got "
+                "no reply on this path)"
+            )
+            return
+        except (ConnectionError, OSError, httpx.HTTPError) as exc:
+            result.reason = f"{type(exc).__name__}: {exc}"
+            return
+        answered = self._answered
+        result.connect_ms = round((time.monotonic() - answered) * 1000, 1)
+        media, missing = await _wait_for_media(
+            peer, max(0.1, timeout - (time.monotonic() - answered))
+        )
+        media_ms = round((time.monotonic() - answered) * 1000, 1)
+        succeeded, in_use = _ice_pairs(peer, self._answer_types)
+        on_path = [pair for pair in succeeded if _on_path(result.path, *pair)]
+        if in_use is not None and _on_path(result.path, *in_use):
+            result.local, result.remote = in_use
+        elif on_path:
+            result.local, result.remote = on_path[0]
+        elif in_use is not None:
+            result.reason = (
+                f"ICE connected only through {in_use[0]} -> {in_use[1]}, which is not a "
+                f"{result.path} path" + (
+                    " (a peer-reflexive address the server did not offer: its own "
+                    "addresses are not reachable from here)" if in_use[1].type == "prflx"
+                    else ""
+                )
+            )
+            return
+        if missing is not None:
+            result.reason = f"connected ({result.pair() or 'pair unknown'}) but {missing}"
+            return
+        result.first_media_ms, result.media = media_ms, media
+        result.status, result.reason = OK, None
+
+    async def close(self) -> None:
+        await self.peer.close()
 
 
 def _servers_for(path: str, ice: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -386,78 +453,6 @@ def _answer_for(path: str, sdp: str) -> str:
         )
     return _keep_candidates(sdp, wanted)
 
-
-async def _attempt(
-    peer: ClientPeer,
-    signal: Signal,
-    state: dict[str, Any],
-    result: PathResult,
-    lost: asyncio.Event,
-    lost_why: list[str],
-    timeout: float,
-) -> None:
-    """One connection on `peer` through `signal`; fills `result`."""
-    result.status = FAILED
-    # connect() waits out its timeout even when ICE fails: race it against the loss.
-    connecting = asyncio.ensure_future(peer.connect(signal, timeout=timeout))
-    failed = asyncio.ensure_future(lost.wait())
-    try:
-        await asyncio.wait({connecting, failed}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        failed.cancel()
-    if not connecting.done():
-        connecting.cancel()
-        try:
-            await connecting
-        except BaseException:
-            pass
-        result.reason = (
-            f"ICE failed ({lost_why[0] if lost_why else 'connection lost'}): no candidate "
-            f"pair answered connectivity checks (local {'/'.join(result.local_candidate_types)})"
-        )
-        return
-    try:
-        connecting.result()
-    except _PathFailed as exc:
-        result.reason = str(exc)
-        return
-    except SessionRefused as exc:
-        result.reason = f"the server refused the offer: {exc}"
-        return
-    except (TimeoutError, asyncio.TimeoutError):
-        result.reason = (
-            f"no connection within {timeout:g} s of the answer (ICE checks or DTLS got "
-            "no reply on this path)"
-        )
-        return
-    except (ConnectionError, OSError, httpx.HTTPError) as exc:
-        result.reason = f"{type(exc).__name__}: {exc}"
-        return
-    answered = state.get("answered", time.monotonic())
-    result.connect_ms = round((time.monotonic() - answered) * 1000, 1)
-    remaining = max(0.1, timeout - (time.monotonic() - answered))
-    media, missing = await _wait_for_media(peer, remaining)
-    media_ms = round((time.monotonic() - answered) * 1000, 1)
-    succeeded, in_use = _ice_pairs(peer, state.get("answer_types", {}))
-    on_path = [pair for pair in succeeded if _on_path(result.path, *pair)]
-    if in_use is not None and _on_path(result.path, *in_use):
-        result.local, result.remote = in_use
-    elif on_path:
-        result.local, result.remote = on_path[0]
-    elif in_use is not None:
-        result.reason = (
-            f"ICE connected only through {in_use[0]} -> {in_use[1]}, which is not a "
-            f"{result.path} path" + (
-                " (a peer-reflexive address the server did not offer: its own "
-                "addresses are not reachable from here)" if in_use[1].type == "prflx" else ""
-            )
-        )
-        return
-    if missing is not None:
-        result.reason = f"connected ({result.pair() or 'pair unknown'}) but {missing}"
-        return
-    result.first_media_ms, result.media = media_ms, media
-    result.status, result.reason = OK, None
 
 
 async def _wait_for_media(peer: ClientPeer, timeout: float) -> tuple[str | None, str | None]:
