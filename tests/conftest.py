@@ -70,6 +70,8 @@ class RayServe:
         self.metrics_port = free_port()
         self.http_port = free_port()
         ray.init(
+            # "local": never join a cluster another test (or `ray start`) left running.
+            address="local",
             num_cpus=16,
             num_gpus=self.GPUS,
             include_dashboard=False,

@@ -23,7 +23,9 @@ from reactor_serve.serve.replica import ModelReplica
 
 __all__ = ["build_app"]
 
-log = logging.getLogger(__name__)
+# Serve's logger: the builder's lines land in the application's build log, where an
+# operator looking at `serve status` or the dashboard finds them.
+log = logging.getLogger("ray.serve")
 
 
 def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None) -> Application:
