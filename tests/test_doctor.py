@@ -116,6 +116,24 @@ def test_a_turn_server_that_is_not_running_fails_relay_with_a_reason(reactor_run
     assert list(report["paths"]) == ["relay"]
 
 
+def test_a_turn_server_that_cannot_reach_the_server_fails_relay_after_allocating(
+    reactor_run, tmp_path
+):
+    coturn = StaticCoturn(loopback_peers=False)
+    try:
+        run = reactor_run(model_with_ice_servers(tmp_path, coturn.ice_servers))
+        code, report = doctor_json(run.url, "--path", "relay", "--timeout", "4")
+    finally:
+        coturn.stop()
+    assert code == 1
+    relay = report["paths"]["relay"]
+    assert relay["status"] == "failed", relay
+    # The allocation worked (a relay candidate was offered), the relayed checks did not.
+    assert relay["local_candidate_types"] == ["relay"], relay
+    assert relay["reason"].startswith("no connection within 4 s of the answer"), relay
+    assert "reachable from clients and from the server" in relay["hint"], relay
+
+
 def test_usage_and_http_errors_exit_2_with_a_clear_message(reactor_run):
     run = reactor_run(GRADIENT, "--token", "s3cret")
     cases = [

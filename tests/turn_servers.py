@@ -29,9 +29,11 @@ def free_udp_port() -> int:
 
 class StaticCoturn:
     """`turnserver` with long-term credentials for one user, listening on 127.0.0.1
-    (STUN and TURN on one port), relaying on loopback."""
+    (STUN and TURN on one port), relaying on loopback. `loopback_peers=False`: it
+    still allocates, but refuses to relay to 127.0.0.1 (coturn's default), as a TURN
+    server that cannot reach the media servers."""
 
-    def __init__(self) -> None:
+    def __init__(self, loopback_peers: bool = True) -> None:
         if not Path(COTURN).exists():
             pytest.fail(f"{COTURN} is missing: install Debian's coturn package (see the README)")
         self.port = free_udp_port()
@@ -42,8 +44,9 @@ class StaticCoturn:
             [COTURN, f"--user={USER}:{PASSWORD}", "--lt-cred-mech", "--realm=doctor.test",
              "--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1",
              f"--listening-port={self.port}", f"--min-port={low}", f"--max-port={low + 99}",
-             "--no-tls", "--no-dtls", "--allow-loopback-peers", "--no-cli",
-             "--log-file=stdout", "--simple-log", f"--pidfile={self.log.name}.pid"],
+             "--no-tls", "--no-dtls", "--no-cli", "--log-file=stdout", "--simple-log",
+             f"--pidfile={self.log.name}.pid",
+             *(["--allow-loopback-peers"] if loopback_peers else [])],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
         self.ice_servers = [

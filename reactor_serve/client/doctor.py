@@ -77,7 +77,8 @@ _HINTS = {
     "a shared secret: IceServer.secret); REACTOR_ICE_TRANSPORT_POLICY=relay then "
     "sends all media through it",
     ("relay", FAILED): "check that the TURN server runs, is reachable from clients and "
-    "from the server, and accepts the credentials (IceServer.secret)",
+    "from the server, accepts the credentials (IceServer.secret), and may relay to the "
+    "server's addresses",
 }
 # Waiting for the answer is the server's part (it gathers its own candidates, through
 # its TURN server too), so it is not bounded by the per-path timeout.

@@ -24,7 +24,7 @@ const HINTS = {
   "relay/unavailable": "add a TURN server to the model's webrtc.ice_servers (with a shared " +
     "secret: IceServer.secret); REACTOR_ICE_TRANSPORT_POLICY=relay then sends all media through it",
   "relay/failed": "check that the TURN server runs, is reachable from clients and from the " +
-    "server, and accepts the credentials (IceServer.secret)",
+    "server, accepts the credentials (IceServer.secret), and may relay to the server's addresses",
 };
 // STUN and TURN answers take a round trip each; an unreachable server never answers.
 const GATHER_TIMEOUT_MS = 5000;
