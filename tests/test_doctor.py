@@ -180,6 +180,7 @@ def test_doctor_through_the_serve_ingress(ray_serve):
         for page in ("doctor", "models/gradient/doctor"):
             reply = httpx.get(f"{url}/{page}")
             assert reply.status_code == 200 and "_web/doctor.js" in reply.text, page
+        assert 'href="doctor"' in httpx.get(f"{url}/", headers={"Accept": "text/html"}).text
         unknown = httpx.get(f"{url}/models/nope/doctor")
         assert unknown.status_code == 404 and "gradient" in unknown.json()["detail"]
     finally:

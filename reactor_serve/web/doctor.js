@@ -30,6 +30,7 @@ const HINTS = {
 const GATHER_TIMEOUT_MS = 5000;
 const ANSWER_TIMEOUT_MS = 30000;
 const MEDIA_POLL_MS = 100;
+const BUSY_WAIT_MS = 10000;
 const TIMEOUT_MS = 1000 * (Number(new URLSearchParams(location.search).get("timeout")) || 10);
 
 const $ = (id) => document.getElementById(id);
@@ -66,7 +67,7 @@ async function run() {
   const results = [];
   let sid = null;
   try {
-    const { data: descriptor } = await request("POST", "/start_session", {});
+    const descriptor = await startSession();
     sid = descriptor.session_id;
     $("model-name").textContent = `Connection check: ${descriptor.model.name}`;
     const { data: { ice_servers: ice } } = await request(
@@ -104,6 +105,21 @@ async function run() {
   document.body.dataset.state = "done";
   $("again").disabled = false;
   window.connectionCheck = results; // for the console (and the tests)
+}
+
+/** A new session; while the model's slots are busy (the player this page was opened
+ * from may still be ending its own), ask again for a while. */
+async function startSession() {
+  const deadline = performance.now() + BUSY_WAIT_MS;
+  for (;;) {
+    try {
+      return (await request("POST", "/start_session", {})).data;
+    } catch (err) {
+      if (![409, 503].includes(err.status) || performance.now() > deadline) throw err;
+      $("summary").textContent = `Waiting for the model: ${err.message}`;
+      await sleep(500);
+    }
+  }
 }
 
 function serversFor(path, ice) {
