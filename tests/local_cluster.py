@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
-__all__ = ["LocalCluster", "ray_auth_headers"]
+__all__ = ["LocalCluster", "ray_auth_headers", "write_project"]
 
 _RAY = str(Path(sys.executable).parent / "ray")
 _REACTOR = str(Path(sys.executable).parent / "reactor")
@@ -231,6 +232,36 @@ class LocalCluster:
             "rsync_exclude": [],
             "rsync_filter": [],
         }
+
+
+def write_project(parent: Path, http_port: int, model_dir: Path, **model: Any) -> Path:
+    """A user's project in `parent`/project: the deployments package, one model under
+    models/, and a serve config that ships the project as the app's working_dir."""
+    root = Path(__file__).resolve().parent.parent
+    project = parent / "project"
+    shutil.copytree(root / "deployments", project / "deployments",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(model_dir, project / "models" / model_dir.name,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    entry = {
+        "path": f"models/{model_dir.name}",
+        "cpus_per_replica": 0.5,
+        "webrtc": {"loopback_candidates": True},
+        **model,
+    }
+    config = {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": http_port},
+        "applications": [{
+            "name": "reactor",
+            "route_prefix": "/",
+            "import_path": "deployments.app:build_app",
+            "runtime_env": {"working_dir": "."},
+            "args": {"ingress_replicas": 1, "ingress_cpus": 0.25, "models": [entry]},
+        }],
+    }
+    (project / "serve_config.yaml").write_text(yaml.safe_dump(config))
+    return project
 
 
 def _processes():

@@ -14,43 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from local_cluster import LocalCluster
+from local_cluster import LocalCluster, write_project
 from reactor_serve.client.session import connect
 
-ROOT = Path(__file__).parent.parent
 WHERE_MODEL = Path(__file__).parent / "serve_models" / "where"
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def make_project(parent: Path, http_port: int, **model: Any) -> Path:
-    """A user's project: the deployments package, one model, a serve config that ships
-    the project as the application's working_dir."""
-    project = parent / "project"
-    shutil.copytree(ROOT / "deployments", project / "deployments",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(WHERE_MODEL, project / "models" / "where")
-    entry = {
-        "path": "models/where",
-        "cpus_per_replica": 0.5,
-        "webrtc": {"loopback_candidates": True},
-        **model,
-    }
-    config = {
-        "proxy_location": "HeadOnly",
-        "http_options": {"host": "127.0.0.1", "port": http_port},
-        "applications": [{
-            "name": "reactor",
-            "route_prefix": "/",
-            "import_path": "deployments.app:build_app",
-            "runtime_env": {"working_dir": "."},
-            "args": {"ingress_replicas": 1, "ingress_cpus": 0.25, "models": [entry]},
-        }],
-    }
-    (project / "serve_config.yaml").write_text(yaml.safe_dump(config))
-    return project
 
 
 def deploy_and_forget_the_files(cluster: LocalCluster, project: Path) -> None:
@@ -93,7 +63,7 @@ async def test_a_waiting_session_brings_up_a_gpu_node_that_goes_away_when_idle(t
     )
     try:
         await asyncio.to_thread(cluster.start)
-        project = make_project(tmp_path, cluster.http_port, min_replicas=0, max_replicas=1,
+        project = write_project(tmp_path, cluster.http_port, WHERE_MODEL, min_replicas=0, max_replicas=1,
                                warm_spares=0, admission_timeout_s=240, downscale_delay_s=2)
         await asyncio.to_thread(deploy_and_forget_the_files, cluster, project)
         head = await asyncio.to_thread(cluster.head_node_id)
@@ -138,7 +108,7 @@ async def test_sessions_run_on_the_gpu_worker_of_a_fixed_two_node_cluster(tmp_pa
         worker = next(n["node_id"] for n in await asyncio.to_thread(cluster.alive_nodes)
                       if n["node_id"] != head)
         # No declaration: "auto" sees the GPU that is up.
-        project = make_project(tmp_path, cluster.http_port, min_replicas=1, max_replicas=1,
+        project = write_project(tmp_path, cluster.http_port, WHERE_MODEL, min_replicas=1, max_replicas=1,
                                warm_spares=0, admission_timeout_s=120)
         await asyncio.to_thread(deploy_and_forget_the_files, cluster, project)
         assert await asyncio.to_thread(cluster.replica_nodes, "model-where") == [worker]
