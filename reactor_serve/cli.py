@@ -286,6 +286,93 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+# --------------------------------------------------------------------------- grafana-dashboard
+
+
+def _add_grafana_dashboard(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "grafana-dashboard",
+        help="print or install the Grafana dashboard of the Serve deployment",
+        description=(
+            "Print the Grafana dashboard JSON for reactor-serve's session metrics and "
+            "Serve's replica counts (import it into any Grafana whose Prometheus scrapes "
+            "Ray), write it to FILE, or install it into the Grafana dashboards folder of "
+            "a Ray session on this machine (Ray's head node)."
+        ),
+    )
+    parser.add_argument(
+        "--install", action="store_true",
+        help="install it into the Grafana folder of the latest Ray session started on "
+        "this machine (run it on the head node)",
+    )
+    parser.add_argument(
+        "--session-dir", metavar="DIR", default=None,
+        help="with --install: this Ray session instead (default: <Ray's temp dir>/session_latest)",
+    )
+    parser.add_argument("--output", metavar="FILE", default=None, help="write the JSON to FILE")
+    parser.set_defaults(handler=_cmd_grafana_dashboard)
+
+
+def _cmd_grafana_dashboard(args: argparse.Namespace) -> int:
+    import subprocess
+
+    # The dashboard lives with what it charts, in reactor_serve.serve, which nothing
+    # outside serve imports (it brings Ray in): run it as its own program instead.
+    command = [sys.executable, "-m", "reactor_serve.serve.grafana_dashboard"]
+    if args.install:
+        command.append("--install")
+    if args.session_dir:
+        command += ["--session-dir", args.session_dir]
+    if args.output:
+        command += ["--output", args.output]
+    return subprocess.call(command)
+
+
+# --------------------------------------------------------------------------- deploy
+
+
+def _add_deploy(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "deploy",
+        help="deploy a serve config onto a Ray cluster, shipping the model code",
+        description=(
+            "Upload each application's local runtime_env.working_dir (or --working-dir) "
+            "into the cluster, rewrite it to the uploaded package's URI, and deploy the "
+            "config with `serve deploy`: only this machine needs the model files."
+        ),
+    )
+    parser.add_argument("config", metavar="CONFIG", help="the serve config (serve_config.yaml)")
+    parser.add_argument(
+        "--address", metavar="HOST:PORT", required=True,
+        help="the cluster's GCS address (the head's `ray start --head` port, 6379 by default)",
+    )
+    parser.add_argument(
+        "--dashboard", metavar="URL", default=None,
+        help="the Ray dashboard (default: http://HOST:8265 of --address)",
+    )
+    parser.add_argument(
+        "--working-dir", metavar="DIR", default=None,
+        help="ship DIR for applications whose runtime_env names no working_dir",
+    )
+    parser.set_defaults(handler=_cmd_deploy)
+
+
+def _cmd_deploy(args: argparse.Namespace) -> int:
+    from reactor_serve.serve.cluster_deploy import DeployError, deploy_config
+
+    host = args.address.rsplit(":", 1)[0]
+    dashboard = args.dashboard or f"http://{host}:8265"
+    try:
+        config = deploy_config(args.config, address=args.address, dashboard=dashboard,
+                               working_dir=args.working_dir)
+    except DeployError as exc:
+        raise CommandError(str(exc)) from None
+    for app in config["applications"]:
+        shipped = (app.get("runtime_env") or {}).get("working_dir")
+        print(f"{app.get('name', 'default')}: deployed" + (f" with {shipped}" if shipped else ""))
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 
 _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
@@ -293,6 +380,8 @@ _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_check,
     _add_run,
     _add_doctor,
+    _add_grafana_dashboard,
+    _add_deploy,
 ]
 
 

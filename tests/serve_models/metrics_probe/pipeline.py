@@ -1,0 +1,35 @@
+# A model that makes every session metric move, for the Grafana dashboard's test: it
+# emits faster than its buffer drains with drop=True (dropped frames), and its first
+# session raises after a few seconds (a model error, a session ended by "error").
+import asyncio
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from reactor_runtime.interface import Output, ReactorModel, Video
+
+
+@dataclass
+class Out(Output):
+    main_video: Video
+
+
+class MetricsProbe(ReactorModel):
+    fps = 30
+
+    def load(self, config):
+        self.sessions = 0
+
+    async def run(self):
+        frame = np.full((48, 64, 3), 80, np.uint8)
+        while True:
+            await self.connected.wait()
+            self.sessions += 1
+            started = time.monotonic()
+            while self.connected.is_set():
+                # Twice what the buffer holds: the half that does not fit is dropped.
+                for _ in range(2 * self.buffer_size):
+                    await self.emit(Out(main_video=frame), drop=True)
+                await asyncio.sleep(1 / self.fps)
+                if self.sessions == 1 and time.monotonic() - started > 3:
+                    raise RuntimeError("metrics probe: a model error for the dashboard")
