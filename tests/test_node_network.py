@@ -4,20 +4,16 @@ replica), a port range too small for one more session, and relay-only sessions
 through a real coturn with TURN REST credentials minted per session."""
 
 import asyncio
-import random
 import shutil
-import socket
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from aioice import turn
 from aioice.stun import TransactionFailed
 from aiortc import RTCConfiguration, RTCPeerConnection
-from conftest import free_port
+from coturn_server import TURN_SECRET, free_udp_range, running_coturn
+from coturn_server import relay_model as relay_model_dir
 
 from reactor_serve.client import connect
 from reactor_serve.client.peer import ClientPeer
@@ -33,31 +29,10 @@ from reactor_serve.webrtc.turn_credentials import mint_turn_credentials
 pytestmark = pytest.mark.timeout(240)
 
 GRADIENT = Path(__file__).parent.parent / "examples" / "gradient"
-COTURN = "/usr/bin/turnserver"
 ANNOUNCED = "203.0.113.7"  # TEST-NET-3: never routed, so only the advertisement can use it
 LOOPBACK = HostCandidatePolicy(loopback_only=True)
-TURN_SECRET = "node-network-test-secret"
 # Bounds on waits (not speeds): how long a broken server gets before the case fails.
 WAIT_S = 30.0
-
-
-def free_udp_range(size: int) -> tuple[int, int]:
-    """`size` consecutive UDP ports that nothing on this machine holds right now."""
-    for _ in range(200):
-        low = random.randrange(20000, 30000 - size)
-        socks = []
-        try:
-            for port in range(low, low + size):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                socks.append(sock)
-                sock.bind(("0.0.0.0", port))
-            return low, low + size - 1
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError(f"no {size} free consecutive UDP ports")
 
 
 def candidates(sdp: str) -> list[dict]:
@@ -218,99 +193,15 @@ async def test_a_full_port_range_refuses_the_next_offer_and_the_live_session_goe
 # --------------------------------------------------------------------------- relay only, coturn
 
 
-class Coturn:
-    """coturn on loopback with the TURN REST secret (use-auth-secret)."""
-
-    def __init__(self, secret: str) -> None:
-        if not Path(COTURN).exists():
-            pytest.fail(f"{COTURN} is missing: install Debian's coturn package (see the README)")
-        self.port = _free_udp_and_tcp_port()
-        relay_low, relay_high = free_udp_range(40)
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="coturn-", suffix=".log")
-        self.process = subprocess.Popen(
-            [COTURN, "--use-auth-secret", f"--static-auth-secret={secret}",
-             "--realm=reactor-serve.test", "--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1",
-             f"--listening-port={self.port}", f"--min-port={relay_low}",
-             f"--max-port={relay_high}", "--no-tls", "--no-dtls", "--allow-loopback-peers",
-             "--no-cli", "--log-file=stdout", "--simple-log", "--no-multicast-peers",
-             "--pidfile=" + self.log.name + ".pid"],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )
-        self.url = f"turn:127.0.0.1:{self.port}"
-
-    async def allocate(self, username: str, password: str) -> None:
-        """One TURN allocation with these credentials (raises TransactionFailed when
-        refused), released at once."""
-        transport, _ = await turn.create_turn_endpoint(
-            asyncio.DatagramProtocol, server_addr=("127.0.0.1", self.port),
-            username=username, password=password)
-        transport.close()
-
-    async def ready(self, secret: str) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            assert self.process.poll() is None, f"coturn exited:\n{self.output()}"
-            minted = mint_turn_credentials(secret, 60, "ready")
-            try:
-                await asyncio.wait_for(self.allocate(minted.username, minted.credential), 3)
-                return
-            except (OSError, asyncio.TimeoutError, ConnectionError, TransactionFailed):
-                assert time.monotonic() < deadline, f"coturn did not answer:\n{self.output()}"
-                await asyncio.sleep(0.2)
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()[-4000:]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
-
-
-def _free_udp_and_tcp_port() -> int:
-    for _ in range(100):
-        port = free_port()
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port for coturn")
-
-
 @pytest.fixture
-async def coturn():
-    server = Coturn(TURN_SECRET)
-    try:
-        await server.ready(TURN_SECRET)
+def coturn():
+    with running_coturn() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
 def relay_model(tmp_path, coturn, monkeypatch):
-    """The gradient example configured with coturn, its secret read from the
-    environment as a Kubernetes secret would be; relay-only from the node's variable."""
-    model = tmp_path / "gradient"
-    shutil.copytree(GRADIENT, model, ignore=shutil.ignore_patterns("__pycache__"))
-    with open(model / "config.yml", "a") as config:
-        config.write(
-            "\nwebrtc:\n  ice_servers:\n"
-            f"    - urls: [\"{coturn.url}\"]\n"
-            "      secret_env: REACTOR_TEST_TURN_SECRET\n"
-            "      credential_ttl_s: 600\n"
-        )
-    monkeypatch.setenv("REACTOR_TEST_TURN_SECRET", TURN_SECRET)
-    monkeypatch.setenv("REACTOR_ICE_TRANSPORT_POLICY", "relay")
-    return model
+    return relay_model_dir(tmp_path, coturn, monkeypatch)
 
 
 async def test_relay_only_answers_relay_candidates_and_streams_through_coturn(

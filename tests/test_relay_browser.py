@@ -1,0 +1,42 @@
+"""Media across a network in real headless Chromium: the page plays a relay-only
+session, its media through a real coturn on the TURN credentials minted for it."""
+
+import pytest
+from browser_pages import frame_count, wait_for
+from coturn_server import relay_model as relay_model_dir
+from coturn_server import running_coturn
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def coturn():
+    with running_coturn() as server:
+        yield server
+
+
+@pytest.fixture
+def relay_model(tmp_path, coturn, monkeypatch):
+    return relay_model_dir(tmp_path, coturn, monkeypatch)
+
+
+def test_chromium_plays_a_relay_only_session(page, reactor_run, relay_model, coturn):
+    """The page fetches its session's minted ice_servers and plays media that the
+    relay-only server can send through coturn alone."""
+    run = reactor_run(relay_model)
+    page.goto(run.url + "/")
+    wait_for(lambda: page.inner_text("#connection") == "connected", 30, "the page to connect")
+    wait_for(lambda: frame_count(page, "#outputs video") > 10, 20, "frames to play")
+    # The server's candidates Chromium knows, and the pair carrying the media: relay.
+    remote = page.evaluate("""async () => {
+        const stats = [...(await window.reactorSession.pc.getStats()).values()];
+        const byId = new Map(stats.map((s) => [s.id, s]));
+        const pair = stats.find((s) => s.type === "candidate-pair" && s.nominated
+                                       && s.state === "succeeded");
+        return {
+            all: stats.filter((s) => s.type === "remote-candidate").map((s) => s.candidateType),
+            used: pair ? byId.get(pair.remoteCandidateId).candidateType : null,
+        };
+    }""")
+    assert remote["all"] and set(remote["all"]) == {"relay"}, remote
+    assert remote["used"] == "relay", remote
