@@ -118,22 +118,46 @@ async def test_a_malformed_node_variable_fails_reactor_run_at_start(reactor_run,
     assert "REACTOR_UDP_PORT_RANGE='fifty-thousand'" in str(caught.value), str(caught.value)
 
 
-async def test_a_serve_replica_announces_its_address_on_ports_of_its_range(ray_serve):
+async def test_a_serve_replica_announces_its_address_on_ports_of_its_range(ray_serve, coturn):
     port_range = free_udp_range(20)
-    url = ray_serve.deploy("announced", {"models": [
-        {"path": "examples/gradient", "min_replicas": 1, "max_replicas": 1, "warm_spares": 0,
-         "cpus_per_replica": 0.5,
-         # Not loopback: the replica binds the wildcard address, as on a NATed node.
-         "webrtc": {"announced_address": ANNOUNCED,
-                    "udp_port_range": f"{port_range[0]}-{port_range[1]}"}},
-    ]})
+    url = ray_serve.deploy("announced", {
+        # App-wide servers: the ingress mints each session's TURN credentials.
+        "ice_servers": [{"urls": [f"stun:127.0.0.1:{coturn.port}"]},
+                        {"urls": [coturn.url], "secret": TURN_SECRET}],
+        "models": [
+            {"path": "examples/gradient", "min_replicas": 1, "max_replicas": 1,
+             "warm_spares": 0, "cpus_per_replica": 0.5,
+             # Not loopback: the replica binds the wildcard address, as on a NATed node.
+             "webrtc": {"announced_address": ANNOUNCED,
+                        "udp_port_range": f"{port_range[0]}-{port_range[1]}"}},
+        ]})
+    model = f"{url}/models/gradient"
     try:
-        client = await connect(f"{url}/models/gradient")
+        client = await connect(model)
         try:
-            assert_announced_in_range(client.peer.pc.remoteDescription.sdp, port_range)
+            answer = client.peer.pc.remoteDescription.sdp
+            assert_announced_in_range(answer, port_range)
+            # The replica minted its own credentials: coturn gave it a relay.
+            assert "relay" in {c["type"] for c in candidates(answer)}, answer
             await frames_arrive(lambda: client.peer.frames_received)
         finally:
             await client.close()
+        minted = []
+        async with httpx.AsyncClient(timeout=30) as http:
+            for _ in range(2):
+                deadline = time.monotonic() + WAIT_S
+                while (reply := await http.post(f"{model}/start_session", json={})).status_code != 200:
+                    assert time.monotonic() < deadline, reply.text
+                    await asyncio.sleep(0.2)
+                sid = reply.json()["session_id"]
+                stun, turn_server = await fetch_ice_servers(http, model, sid)
+                await http.post(f"{model}/stop_session", json={"session_id": sid})
+                assert stun == {"uris": [f"stun:127.0.0.1:{coturn.port}"]}
+                assert turn_server["uris"] == [coturn.url] and sid not in str(turn_server)
+                minted.append(turn_server["credentials"])
+        assert minted[0]["username"] != minted[1]["username"]
+        # What the ingress handed out is what coturn takes.
+        await coturn.allocate(minted[1]["username"], minted[1]["password"])
     finally:
         ray_serve.delete("announced")
 
