@@ -163,15 +163,19 @@ class _ComponentGathering:
             if connection.stun_server is not None
             and ipaddress.ip_address(protocol.local_candidate.host).version == 4
         ]
-        candidates += await self.aioice_gathering(component=component, addresses=[],
-                                                  timeout=timeout)
-        if reflexive:
-            done, pending = await asyncio.wait(reflexive, timeout=timeout)
-            for task in pending:
-                task.cancel()
-            for task in done:
-                if task.exception() is None:
-                    candidates.append(task.result()[0])
+        # The TURN allocation runs meanwhile, bounded by aioice's own timeout.
+        relayed = asyncio.ensure_future(
+            self.aioice_gathering(component=component, addresses=[], timeout=timeout)
+        )
+        try:
+            if reflexive:
+                done, pending = await asyncio.wait(reflexive, timeout=timeout)
+                for task in pending:
+                    task.cancel()
+                candidates += [task.result()[0] for task in done if task.exception() is None]
+            candidates += await relayed
+        finally:
+            relayed.cancel()
         return candidates
 
     async def _bind_all(self, component: int, addresses: list[str]) -> list[StunProtocol]:
