@@ -24,6 +24,7 @@ from reactor_serve.client.session import (
     start_session,
 )
 from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
+from reactor_serve.webrtc.settings import WebRTCSettings
 from reactor_serve.webrtc.turn_credentials import mint_turn_credentials
 
 pytestmark = pytest.mark.timeout(240)
@@ -84,6 +85,22 @@ async def test_reactor_run_announces_its_address_on_ports_of_its_range(reactor_r
         assert offered and {c["address"] for c in offered} == {"127.0.0.1"}, offered
     finally:
         await client.close()
+
+
+def test_what_a_policy_binds():
+    interfaces = ["10.0.0.5", "fd00::2"]
+    assert HostCandidatePolicy().bind_addresses(interfaces) == interfaces
+    assert LOOPBACK.bind_addresses(interfaces) == ["127.0.0.1"]
+    assert HostCandidatePolicy(announced_address=ANNOUNCED).bind_addresses(interfaces) == ["0.0.0.0"]
+    assert HostCandidatePolicy(announced_address="2001:db8::7").bind_addresses(interfaces) == ["::"]
+    assert HostCandidatePolicy(True, "2001:db8::7").bind_addresses(interfaces) == ["::1"]
+    assert HostCandidatePolicy.from_settings(WebRTCSettings()) is None
+    relay = WebRTCSettings(loopback_candidates=True, ice_transport_policy="relay",
+                           ice_servers=[{"urls": "turn:127.0.0.1:3478", "secret": "s"}])
+    assert HostCandidatePolicy.from_settings(relay) is None
+    assert HostCandidatePolicy.from_settings(
+        WebRTCSettings(loopback_candidates=True, udp_port_range="50000-50009")
+    ) == HostCandidatePolicy(True, None, (50000, 50009))
 
 
 async def test_policies_are_per_connection_not_per_process():

@@ -239,7 +239,7 @@ class _ComponentGathering:
         low, high = self._policy.port_range
         raise UdpPortRangeExhausted(
             f"no free UDP port for this session's media: every port of udp_port_range "
-            f"{low}-{high} on {address} is taken by other sessions on this node; "
-            f"retry later, or widen the range",
+            f"{low}-{high} on {address} is in use (by other sessions on this node, or "
+            f"other programs); retry later, or widen the range",
             retry_after_s=UdpPortRangeExhausted.RETRY_AFTER_S,
         )
