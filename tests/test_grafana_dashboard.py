@@ -99,11 +99,12 @@ def queries() -> list[str]:
 
 
 def metric_names_in(expr: str) -> set[str]:
-    """The metric names an expression selects: identifiers right before `{`, or bare
-    ones that are no PromQL function, keyword or label (ours all carry selectors)."""
+    """The metric names an expression selects: identifiers right before `{`, and any
+    `ray_` identifier outside the label values (a selector without braces)."""
     without_strings = re.sub(r'"[^"]*"', '""', expr)
     without_groupings = re.sub(r"\b(by|on|without|ignoring)\s*\([^)]*\)", "", without_strings)
-    return set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{", without_groupings))
+    return (set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{", without_groupings))
+            | set(re.findall(r"\b(ray_[a-zA-Z0-9_:]*)", without_groupings)))
 
 
 def unexported(exprs: list[str]) -> list[str]:
@@ -170,6 +171,7 @@ def test_every_query_names_only_exported_metrics():
     "sum(ray_reactor_sessions_started{model=~\"$model\"})",      # a counter without _total
     "sum(ray_reactor_output_fps_bucket{model=~\"$model\"})",     # a gauge as a histogram
     "sum(ray_serve_deployment_replicas_healthy{application=~\"$application\"})",
+    "rate(ray_reactor_model_error_total[5m])",                   # no braces
 ])
 def test_the_metric_check_catches_a_typo(typo):
     assert unexported([typo]) != []
