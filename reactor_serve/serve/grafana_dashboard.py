@@ -168,7 +168,7 @@ def dashboard() -> dict[str, Any]:
         ),
         _panel(
             "Sessions ended per minute, by reason",
-            "The sessionEnded reason: stopped, disconnected, error, timeout, shutdown...",
+            "The sessionEnded reason: client_closed, model_ended, error, timeout, shutdown.",
             [(f"60 * sum by (application, model, reason) "
               f"(rate(ray_reactor_sessions_ended_total{{{_OURS}}}{_RATE}))",
               "{{reason}} {{model}}")],
