@@ -103,14 +103,16 @@ class LocalCluster:
         subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=120)
         self.wait_for(lambda: len(self.alive_nodes()) >= 1, 60, "the head node")
 
-    def add_node(self, *, cpus: float, gpus: float) -> None:
-        """A fixed worker node (`ray start --address`), as on a static cluster."""
+    def add_node(self, *, cpus: float, gpus: float, env: dict[str, str] | None = None) -> None:
+        """A fixed worker node (`ray start --address`), as on a static cluster; `env`
+        is that node's own environment (its replicas inherit it)."""
         before = len(self.alive_nodes())
         cmd = [
             _RAY, "start", f"--address={self.address}", f"--num-cpus={cpus}",
             f"--num-gpus={gpus}", "--disable-usage-stats", *self._node_ports(),
         ]
-        subprocess.run(cmd, env=self.env, check=True, capture_output=True, timeout=120)
+        subprocess.run(cmd, env=dict(self.env, **(env or {})), check=True,
+                       capture_output=True, timeout=120)
         self.wait_for(lambda: len(self.alive_nodes()) > before, 60, "the worker node")
 
     def stop(self) -> None:

@@ -22,6 +22,19 @@ WHERE_MODEL = Path(__file__).parent / "serve_models" / "where"
 
 pytestmark = pytest.mark.timeout(600)
 
+ANNOUNCED = "203.0.113.9"  # TEST-NET-3: an address that is surely not this machine's
+PORTS = "46100-46199"
+
+
+def host_candidates(sdp: str) -> list[tuple[str, int]]:
+    """(address, port) of each host candidate in an SDP."""
+    found = []
+    for line in sdp.splitlines():
+        if line.startswith("a=candidate:") and " typ host" in line:
+            fields = line.split()
+            found.append((fields[4], int(fields[5])))
+    return found
+
 
 def deploy_and_forget_the_files(cluster: LocalCluster, project: Path) -> None:
     result = cluster.deploy(project / "serve_config.yaml")
@@ -103,7 +116,10 @@ async def test_sessions_run_on_the_gpu_worker_of_a_fixed_two_node_cluster(tmp_pa
     cluster = LocalCluster(head_cpus=2)
     try:
         await asyncio.to_thread(cluster.start)
-        await asyncio.to_thread(cluster.add_node, cpus=2, gpus=1)
+        # The worker's own media settings, as a cloud node with a public address and a
+        # firewall opened for a port range would have them.
+        await asyncio.to_thread(cluster.add_node, cpus=2, gpus=1, env={
+            "REACTOR_ANNOUNCED_ADDRESS": ANNOUNCED, "REACTOR_UDP_PORT_RANGE": PORTS})
         head = await asyncio.to_thread(cluster.head_node_id)
         worker = next(n["node_id"] for n in await asyncio.to_thread(cluster.alive_nodes)
                       if n["node_id"] != head)
@@ -121,6 +137,11 @@ async def test_sessions_run_on_the_gpu_worker_of_a_fixed_two_node_cluster(tmp_pa
                 assert place["node_id"] == worker
                 assert len(place["gpu_ids"]) == 1
                 assert_shipped(cluster, place)
+                # The replica on the worker answered with that node's media settings.
+                hosts = host_candidates(client.peer.pc.remoteDescription.sdp)
+                low, high = map(int, PORTS.split("-"))
+                assert hosts and all(ip == ANNOUNCED and low <= port <= high
+                                     for ip, port in hosts), hosts
             finally:
                 await client.close()
     finally:
