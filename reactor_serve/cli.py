@@ -314,18 +314,19 @@ def _add_grafana_dashboard(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_grafana_dashboard(args: argparse.Namespace) -> int:
-    import subprocess
+    from reactor_serve.serve import grafana_dashboard
 
-    # The dashboard lives with what it charts, in reactor_serve.serve, which nothing
-    # outside serve imports (it brings Ray in): run it as its own program instead.
-    command = [sys.executable, "-m", "reactor_serve.serve.grafana_dashboard"]
-    if args.install:
-        command.append("--install")
-    if args.session_dir:
-        command += ["--session-dir", args.session_dir]
-    if args.output:
-        command += ["--output", args.output]
-    return subprocess.call(command)
+    if not args.output and not args.install:
+        print(grafana_dashboard.dashboard_json(), end="")
+        return 0
+    try:
+        said = grafana_dashboard.export_dashboard(
+            output=args.output, install=args.install, session_dir=args.session_dir)
+    except grafana_dashboard.DashboardError as exc:
+        raise CommandError(str(exc)) from None
+    for line in said:
+        print(line)
+    return 0
 
 
 # --------------------------------------------------------------------------- deploy

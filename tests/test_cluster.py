@@ -128,6 +128,12 @@ async def test_sessions_run_on_the_gpu_worker_of_a_fixed_two_node_cluster(tmp_pa
                                warm_spares=0, admission_timeout_s=120)
         await asyncio.to_thread(deploy_and_forget_the_files, cluster, project)
         assert await asyncio.to_thread(cluster.replica_nodes, "model-where") == [worker]
+        # The app brought its Grafana dashboard to the head, where Ray's Grafana reads.
+        dashboards = cluster.temp_dir / "session_latest" / "metrics" / "grafana" / "dashboards"
+        await asyncio.to_thread(
+            cluster.wait_for,
+            lambda: (dashboards / "reactor_serve_grafana_dashboard.json").is_file(), 30,
+            "the Grafana dashboard on the head")
 
         for _ in range(2):  # the replica serves one session after another
             client = await connect(f"{cluster.http}/models/where", timeout=120)

@@ -335,18 +335,18 @@ def test_cli_prints_and_writes_the_dashboard(tmp_path):
     assert written.returncode == 0, written.stderr
     assert (tmp_path / "board.json").read_text() == dashboard_json()
     refused = reactor("grafana-dashboard", "--output", str(tmp_path / "missing" / "board.json"))
-    assert refused.returncode == 1
+    assert refused.returncode == 2  # the reactor CLI's code for a refused command
     assert "could not write" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_cli_install_without_a_ray_session_says_so(ray_tmpdir, tmp_path):
     refused = reactor("grafana-dashboard", "--install", env=ray_tmpdir)
-    assert refused.returncode == 1
+    assert refused.returncode == 2
     assert "no Ray session on this machine" in refused.stderr
     assert "Traceback" not in refused.stderr
     (tmp_path / "session" / "logs").mkdir(parents=True)  # Ray without its dashboard
     refused = reactor("grafana-dashboard", "--install", "--session-dir", str(tmp_path / "session"))
-    assert refused.returncode == 1
+    assert refused.returncode == 2
     assert "does not exist" in refused.stderr and "Traceback" not in refused.stderr
 
 

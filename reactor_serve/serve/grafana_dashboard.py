@@ -15,17 +15,16 @@ the Ray way (`grafana-server --config <session>/metrics/grafana/grafana.ini`) sh
 in its "Ray" folder beside Ray's own. Ray recreates the folder when its dashboard
 starts, so the dashboard is installed per session.
 
-`python -m reactor_serve.serve.grafana_dashboard [--install [--session-dir DIR]]
-[--output FILE]` (what `reactor grafana-dashboard` runs) prints it, writes it to FILE,
-or installs it into the latest Ray session started on this machine.
+`reactor grafana-dashboard [--install [--session-dir DIR]] [--output FILE]` prints
+it, writes it to FILE, or installs it into the latest Ray session started on this
+machine; each ingress replica installs it on the head node as it starts
+(`install_on_head`), so a deployed app brings its dashboard along.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,9 @@ __all__ = [
     "dashboard_json",
     "grafana_dashboards_dir",
     "install_dashboard",
-    "main",
+    "install_on_head",
+    "DashboardError",
+    "export_dashboard",
     "ray_session_dir",
 ]
 
@@ -264,6 +265,30 @@ def install_dashboard(session_dir: str | Path | None = None) -> Path | None:
     return target
 
 
+def install_on_head() -> Any:
+    """Install the dashboard on the cluster's head node, where Ray keeps its Grafana
+    folder, from wherever this runs (an ingress replica may be on any node). Returns the
+    task's ObjectRef (its result: the file written, or None); nothing waits for it.
+
+    A zero-CPU task that needs Ray's head-only `node:__internal_head__` resource, so it
+    runs there and takes no CPU from a model."""
+    import ray
+
+    task = ray.remote(_install_on_this_node)
+    return task.options(num_cpus=0, resources={"node:__internal_head__": 0.001}).remote()
+
+
+def _install_on_this_node() -> str | None:
+    import logging
+
+    try:
+        target = install_dashboard()
+    except OSError as exc:  # a dashboard is not worth a failed deploy: say so, go on
+        logging.getLogger("ray.serve").warning("could not install the Grafana dashboard: %s", exc)
+        return None
+    return None if target is None else str(target)
+
+
 def _default_ray_temp_dir() -> Path:
     # Where `ray start` and `ray.init()` put sessions unless told otherwise: Ray's rule
     # (ray/_common/utils.py, get_default_ray_temp_dir), which Ray keeps private.
@@ -356,43 +381,28 @@ def _variables() -> list[dict[str, Any]]:
 
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the dashboard, write it to a file, or install it into a Ray session's
-    Grafana folder; returns the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="reactor grafana-dashboard",
-        description="Print the Grafana dashboard of reactor-serve's Serve deployment, "
-        "write it to FILE, or install it into a Ray session's Grafana folder.",
-    )
-    parser.add_argument("--install", action="store_true",
-                        help="install it into the Grafana folder of the latest Ray session "
-                        "started on this machine (run it on the head node)")
-    parser.add_argument("--session-dir", metavar="DIR", default=None,
-                        help="with --install: this Ray session instead (default: "
-                        "<Ray's temp dir>/session_latest)")
-    parser.add_argument("--output", metavar="FILE", default=None, help="write the JSON to FILE")
-    args = parser.parse_args(argv)
-    try:
-        if args.output:
-            try:
-                Path(args.output).write_text(dashboard_json(), encoding="utf-8")
-            except OSError as exc:
-                raise _Refused(f"could not write {args.output}: {exc}") from None
-            print(f"Wrote the dashboard to {args.output}")
-        if args.install:
-            target = _install_for_cli(args.session_dir)
-            print(f"Installed the dashboard as {target}; a Grafana started with that Ray "
-                  f"session's metrics/grafana/grafana.ini lists it in its Ray folder")
-    except _Refused as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 1
-    if not args.output and not args.install:
-        print(dashboard_json(), end="")
-    return 0
+class DashboardError(Exception):
+    """An expected failure of `export_dashboard`, reported in one line."""
 
 
-class _Refused(Exception):
-    """An expected failure of `main`, reported in one line."""
+def export_dashboard(
+    *, output: str | None = None, install: bool = False, session_dir: str | None = None
+) -> list[str]:
+    """`reactor grafana-dashboard`: write the dashboard to `output`, and/or install it
+    into a Ray session's Grafana folder; the lines to tell the operator. Raises
+    DashboardError naming what could not be done."""
+    said = []
+    if output:
+        try:
+            Path(output).write_text(dashboard_json(), encoding="utf-8")
+        except OSError as exc:
+            raise DashboardError(f"could not write {output}: {exc}") from None
+        said.append(f"Wrote the dashboard to {output}")
+    if install:
+        target = _install_for_cli(session_dir)
+        said.append(f"Installed the dashboard as {target}; a Grafana started with that Ray "
+                    f"session's metrics/grafana/grafana.ini lists it in its Ray folder")
+    return said
 
 
 def _install_for_cli(session_dir: str | None) -> Path:
@@ -400,7 +410,7 @@ def _install_for_cli(session_dir: str | None) -> Path:
     # cluster that is not there retries for minutes.
     session = Path(session_dir) if session_dir else ray_session_dir()
     if session is None:
-        raise _Refused(
+        raise DashboardError(
             f"no Ray session on this machine (no {_default_ray_temp_dir() / 'session_latest'}): "
             f"run this on the head node of a running Ray, or name one with --session-dir"
         )
@@ -408,14 +418,11 @@ def _install_for_cli(session_dir: str | None) -> Path:
     try:
         target = install_dashboard(session)
     except OSError as exc:
-        raise _Refused(f"could not write into {folder}: {exc}") from None
+        raise DashboardError(f"could not write into {folder}: {exc}") from None
     if target is None:
-        raise _Refused(
+        raise DashboardError(
             f"{folder} does not exist: Ray's dashboard writes it on the head node when it "
             f"starts, so run this there, on a Ray started with its dashboard"
         )
     return target
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,6 +28,7 @@ from reactor_serve import __version__
 from reactor_serve.runtime.manifest import load_manifest
 from reactor_serve.runtime.model_spec import inspect_model
 from reactor_serve.runtime.session import EndReason
+from reactor_serve.serve.grafana_dashboard import install_on_head
 from reactor_serve.serve.metrics import IngressMetrics
 from reactor_serve.serve.serve_backend import ServeBackend
 from reactor_serve.serve.session_directory import SessionDirectory
@@ -165,6 +166,9 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
                 self.backends[model["name"]] = ServeBackend(
                     spec, handles[model["name"]], directory, ice_servers, metrics
                 )
+            # The operator's Grafana dashboard comes with the app: Ray's Grafana reads it
+            # from the head node's session folder, whichever node this replica is on.
+            install_on_head()
 
         async def __del__(self) -> None:
             # An ingress replica stops for three reasons: it is replaced (redeploy,
