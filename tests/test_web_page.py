@@ -414,6 +414,14 @@ def test_ingress_picker_opens_a_models_page(page, serve_examples):
     assert brightness(page, VIDEO) > 60
     assert page.is_visible("#home")
     page.click("#stop")
+    # The app is shared with the next tests: its one gradient slot must be free again
+    # (a stop cut short by the tab closing would leave the session orphaned instead).
+    wait_for(lambda: _gradient_busy(serve_examples) == 0, 30, "the gradient slot to free")
+
+
+def _gradient_busy(base: str) -> int | None:
+    models = httpx.get(f"{base}/models").json()["models"]
+    return next(m["capacity"]["busy"] for m in models if m["name"] == "gradient")
 
 
 def test_ingress_redirects_a_model_folder_without_its_slash(serve_examples):
