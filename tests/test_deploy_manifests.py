@@ -10,15 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
-from aioice import turn
 from aioice.stun import TransactionFailed
 
 from reactor_serve.runtime.manifest import load_manifest
@@ -27,7 +24,7 @@ from reactor_serve.webrtc.node_network import NODE_ENVIRONMENT, with_node_networ
 from reactor_serve.webrtc.settings import WebRTCSettings
 from reactor_serve.webrtc.turn_credentials import mint_turn_credentials
 
-from turn_servers import COTURN, free_udp_port
+from coturn_server import Coturn
 
 ROOT = Path(__file__).parent.parent
 RAYSERVICE = ROOT / "deployments/kuberay/rayservice.yaml"
@@ -313,57 +310,13 @@ def test_the_coturn_deployment_shares_the_secret_and_takes_the_conf():
 
 
 
-class ConfiguredCoturn:
-    """/usr/bin/turnserver with the sample conf, on loopback ports of its own and a
-    known secret (command-line options override the file's)."""
-
-    def __init__(self, secret: str):
-        if not Path(COTURN).exists():
-            pytest.fail(f"{COTURN} is missing: install Debian's coturn package (see the README)")
-        self.port = free_udp_port()
-        relay = free_udp_port()
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="coturn-conf-", suffix=".log")
-        self.process = subprocess.Popen(
-            [COTURN, "-c", str(COTURN_CONF), "--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1",
-             f"--listening-port={self.port}", f"--min-port={relay}", f"--max-port={relay}",
-             f"--static-auth-secret={secret}", f"--pidfile={self.log.name}.pid"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-
-    async def allocate(self, username: str, password: str) -> None:
-        transport, _ = await turn.create_turn_endpoint(
-            asyncio.DatagramProtocol, server_addr=("127.0.0.1", self.port),
-            username=username, password=password)
-        transport.close()
-
-    async def ready(self, secret: str) -> None:
-        deadline = time.monotonic() + 20
-        while True:
-            assert self.process.poll() is None, f"turnserver exited:\n{self.output()}"
-            minted = mint_turn_credentials(secret, 60, "ready")
-            try:
-                await asyncio.wait_for(self.allocate(minted.username, minted.credential), 3)
-                return
-            except (OSError, asyncio.TimeoutError, ConnectionError, TransactionFailed):
-                assert time.monotonic() < deadline, f"turnserver did not answer:\n{self.output()}"
-                await asyncio.sleep(0.2)
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(10)
-        self.log.close()
-
-
 async def test_coturn_takes_the_conf_and_checks_the_credentials_we_mint():
     secret = "manifest-test-secret"
-    server = ConfiguredCoturn(secret)
+    # The sample conf, on loopback ports of its own and a known secret.
+    server = Coturn(secret=secret, config=COTURN_CONF, loopback_peers=False, relay_ports=1)
     try:
         # Listening, and allocating for credentials minted the way sessions get theirs.
-        await server.ready(secret)
+        await server.ready()
         log = server.output()
         # coturn logs what it cannot parse and goes on: nothing of the conf was lost.
         assert "Bad configuration format" not in log and "CONFIG ERROR" not in log, log

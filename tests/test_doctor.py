@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import free_port
-from turn_servers import StaticCoturn, model_with_ice_servers
+from coturn_server import STATIC_USER, Coturn, model_with_ice_servers
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -32,7 +32,7 @@ def doctor_json(*args: str) -> tuple[int, dict]:
 
 @pytest.fixture
 def coturn():
-    server = StaticCoturn()
+    server = Coturn(user=STATIC_USER)
     yield server
     server.stop()
 
@@ -119,7 +119,7 @@ def test_a_turn_server_that_is_not_running_fails_relay_with_a_reason(reactor_run
 def test_a_turn_server_that_cannot_reach_the_server_fails_relay_after_allocating(
     reactor_run, tmp_path
 ):
-    coturn = StaticCoturn(loopback_peers=False)
+    coturn = Coturn(user=STATIC_USER, loopback_peers=False)
     try:
         run = reactor_run(model_with_ice_servers(tmp_path, coturn.ice_servers))
         code, report = doctor_json(run.url, "--path", "relay", "--timeout", "4")

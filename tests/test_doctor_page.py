@@ -5,7 +5,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from turn_servers import StaticCoturn, model_with_ice_servers
+from coturn_server import STATIC_USER, Coturn, model_with_ice_servers
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -49,7 +49,7 @@ def test_direct_passes_and_relay_is_unavailable_without_turn(reactor_run, page):
 
 
 def test_relay_through_coturn_passes_from_a_relay_candidate(reactor_run, page, tmp_path):
-    coturn = StaticCoturn()
+    coturn = Coturn(user=STATIC_USER)
     try:
         run = reactor_run(model_with_ice_servers(tmp_path, coturn.ice_servers))
         rows, summary = run_check(page, f"{run.url}/doctor")
