@@ -181,6 +181,14 @@ def model_with_ice_servers(tmp_path: Path, ice_servers: list[dict]) -> Path:
     return model
 
 
+@pytest.fixture
+def coturn() -> Iterator[Coturn]:
+    """A test's coturn with the TURN REST secret (import the fixture to use it)."""
+    with running_coturn() as server:
+        yield server
+
+
+@pytest.fixture
 def relay_model(tmp_path: Path, coturn: Coturn, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The gradient example configured with coturn, its secret read from the
     environment as a Kubernetes secret would be; relay-only from the node's variable."""

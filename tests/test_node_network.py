@@ -12,8 +12,8 @@ import httpx
 import pytest
 from aioice.stun import TransactionFailed
 from aiortc import RTCConfiguration, RTCPeerConnection
-from coturn_server import TURN_SECRET, free_udp_range, running_coturn
-from coturn_server import relay_model as relay_model_dir
+from coturn_server import TURN_SECRET, free_udp_range
+from coturn_server import coturn, relay_model  # noqa: F401 (fixtures)
 
 from reactor_serve.client import connect
 from reactor_serve.client.peer import ClientPeer
@@ -232,17 +232,6 @@ async def test_a_full_port_range_refuses_the_next_offer_and_the_live_session_goe
 
 
 # --------------------------------------------------------------------------- relay only, coturn
-
-
-@pytest.fixture
-def coturn():
-    with running_coturn() as server:
-        yield server
-
-
-@pytest.fixture
-def relay_model(tmp_path, coturn, monkeypatch):
-    return relay_model_dir(tmp_path, coturn, monkeypatch)
 
 
 async def test_relay_only_answers_relay_candidates_and_streams_through_coturn(

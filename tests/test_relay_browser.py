@@ -3,21 +3,9 @@ session, its media through a real coturn on the TURN credentials minted for it."
 
 import pytest
 from browser_pages import frame_count, wait_for
-from coturn_server import relay_model as relay_model_dir
-from coturn_server import running_coturn
+from coturn_server import coturn, relay_model  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def coturn():
-    with running_coturn() as server:
-        yield server
-
-
-@pytest.fixture
-def relay_model(tmp_path, coturn, monkeypatch):
-    return relay_model_dir(tmp_path, coturn, monkeypatch)
 
 
 def test_chromium_plays_a_relay_only_session(page, reactor_run, relay_model, coturn):
