@@ -207,6 +207,7 @@ def fuzz_corpus(sid: str, cid: int) -> list[FuzzCase]:
     get_routes = [
         "/session", "/health", f"{base}/ice_servers", f"{base}/sdp_params",
         f"{conn}/sdp_params", "/", "/docs", "/openapi.json", "/_web/player.js",
+        "/doctor", "/_web/doctor.js",
     ]
     cases: list[FuzzCase] = []
 
@@ -394,7 +395,7 @@ def test_the_corpus_covers_every_route():
     cases = fuzz_corpus("s", 1)
     assert FUZZ_CASES == len(cases) > 900
     paths = {c.path.split("?")[0] for c in cases}
-    for route in ("/start_session", "/stop_session", "/session", "/health",
+    for route in ("/start_session", "/stop_session", "/session", "/health", "/doctor",
                   "/sessions/s/transport/webrtc/sdp_params",
                   "/sessions/s/transport/webrtc/ice_candidates",
                   "/sessions/s/transport/webrtc/ice_servers",
