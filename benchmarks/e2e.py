@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,9 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _local import free_port
+from _local import cpu_seconds, free_port, wait_healthy
 
-import httpx
 import numpy as np
 import yaml
 
@@ -50,25 +48,6 @@ CASES = [
 WARMUP_S = 1.0
 
 
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def _wait_healthy(base: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient() as http:
-        while time.monotonic() < deadline:
-            try:
-                if (await http.get(f"{base}/health")).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"reactor run did not become healthy at {base}")
-
-
 async def run_case(name: str, width: int, height: int, codec: str, seconds: float) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="reactor-e2e-"))
     model_dir = workdir / "stamped"
@@ -84,7 +63,7 @@ async def run_case(name: str, width: int, height: int, codec: str, seconds: floa
     )
     frames: list[tuple[float, int]] = []
     try:
-        await _wait_healthy(base)
+        await wait_healthy(base)
 
         def on_video(frame: ReceivedVideo) -> None:
             frames.append((frame.arrived_at, read_stamp(frame.image)))
@@ -95,9 +74,9 @@ async def run_case(name: str, width: int, height: int, codec: str, seconds: floa
         await client.peer.wait_for(lambda: frames, 10, "the first frame")
         ttff = frames[0][0] - started
         await asyncio.sleep(WARMUP_S)
-        cpu0, mark = _cpu_seconds(server.pid), len(frames)
+        cpu0, mark = cpu_seconds(server.pid), len(frames)
         await asyncio.sleep(seconds)
-        cpu = _cpu_seconds(server.pid) - cpu0
+        cpu = cpu_seconds(server.pid) - cpu0
         window = frames[mark:]
         await client.close()
     finally:
