@@ -88,10 +88,8 @@ class _Recorder:
     def __init__(self) -> None:
         # (arrived, emitted µs, block, index) per decoded model frame.
         self.frames: list[tuple[float, int, int, int]] = []
-        self.decoded = 0
 
     def on_video(self, frame: ReceivedVideo) -> None:
-        self.decoded += 1
         read = blocks_model.read_frame(frame.image)
         if read is not None:
             self.frames.append((frame.arrived_at, *read))
