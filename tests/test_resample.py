@@ -1,4 +1,5 @@
-"""Tests for reactor_serve.runtime.resample.AudioResampler."""
+"""Tests for reactor_serve.runtime.resample.AudioResampler (over PyAV's libswresample):
+the length of what comes out, continuity across chunks, frequency and timing kept."""
 
 from __future__ import annotations
 
@@ -151,14 +152,15 @@ def test_empty_chunk_returns_empty_int16() -> None:
 
 
 @pytest.mark.parametrize(
-    "source_rate,target_rate,taps",
-    [(16000, 48000, 16), (22050, 48000, 16), (44100, 48000, 16), (48000, 16000, 16), (44101, 48000, 16)],
+    "source_rate,target_rate",
+    [(16000, 48000), (22050, 48000), (44100, 48000), (48000, 16000), (44101, 48000)],
 )
-def test_output_count_tracks_ratio_without_drift(source_rate: int, target_rate: int, taps: int) -> None:
-    r = AudioResampler(source_rate, target_rate, taps)
-    # The kernel's look-ahead: at most `taps` samples of the lower rate are
-    # held back, i.e. this many output samples (plus rounding).
-    max_lag = taps * max(1.0, target_rate / source_rate) + 2
+def test_output_count_tracks_ratio_without_drift(source_rate: int, target_rate: int) -> None:
+    r = AudioResampler(source_rate, target_rate)
+    # The filter's look-ahead: 16 zero crossings each side at the lower rate, widened
+    # by 1/0.9 for the cutoff below Nyquist, is held back; in output samples (plus
+    # rounding) that is:
+    max_lag = 18 * max(1.0, target_rate / source_rate) + 2
     rng = np.random.default_rng(1)
     chunk = np.zeros((1, 2000), dtype=np.int16)
     fed = 0
@@ -219,12 +221,6 @@ def test_bad_target_rate_raises(bad: object) -> None:
         AudioResampler(16000, bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("bad", [0, -1, 8.0])
-def test_bad_taps_raises(bad: object) -> None:
-    with pytest.raises(ValueError, match="taps"):
-        AudioResampler(16000, 48000, bad)  # type: ignore[arg-type]
-
-
 def test_numpy_integer_rates_are_accepted() -> None:
     r = AudioResampler(np.int64(16000), np.int32(48000))  # type: ignore[arg-type]
     assert r.process(np.zeros((1, 1000), dtype=np.int16)).shape[0] == 1
@@ -248,6 +244,11 @@ def test_bad_chunk_raises_with_shape_and_dtype(chunk: np.ndarray, shape_text: st
         assert shape_text in message
         assert dtype_text in message
         assert "int16" in message and "(channels, samples)" in message
+
+
+def test_more_than_two_channels_raises() -> None:
+    with pytest.raises(ValueError, match=r"mono or stereo.*3 channels"):
+        AudioResampler(16000).process(np.zeros((3, 100), dtype=np.int16))
 
 
 def test_non_array_chunk_raises() -> None:
