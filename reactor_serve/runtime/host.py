@@ -1,43 +1,54 @@
 """`ModelHost`: the session engine. One model instance, driven through its life.
 
 The host loads the model once on its own thread (`ModelThread`), then for each client:
-connect (set `connected`, run `@connected` hooks, start the generator or the older
-API's session thread), deliver commands by the model kind's rules, and disconnect
-(clear `connected`, close the generator, run `@disconnected` hooks, flush). One
-session is live at a time. A failing model ends its session with an error to the
-client; the host stays ready for the next one.
+connect (set `connected`, run `@connected` hooks, start the session's producer),
+deliver commands, and disconnect (clear `connected`, stop the producer, run
+`@disconnected` hooks, flush). One session is live at a time. A failing model ends
+its session with an error to the client; the host stays ready for the next one.
+
+What differs between model kinds (construction, the producer, when commands apply)
+is a `KindDriver`, chosen once from `spec.kind`: `PipelineDriver`, `RunLoopDriver`,
+`VideoModelDriver`. The host keeps what they share.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import inspect
 import logging
 import threading
-import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine
 
 import yaml
 
 from reactor_serve.interface.context import SessionContext, register_live, unregister_live
 from reactor_serve.interface.legacy import ModelConfig
 from reactor_serve.interface.messages import ModelMessage
-from reactor_serve.interface.models import BufferClosed, _IdleType
 from reactor_serve.interface.state import InputRejected
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.input_buffer import InputBuffer
+from reactor_serve.runtime.kind_driver import DriverHost, KindDriver, call_model
 from reactor_serve.runtime.model_spec import CommandSpec, ModelSpec, inspect_model
 from reactor_serve.runtime.model_thread import ModelThread
 from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer
 from reactor_serve.runtime.output_splitter import OutputSplitter
+from reactor_serve.runtime.pipeline_driver import PipelineDriver
+from reactor_serve.runtime.run_loop_driver import RunLoopDriver
 from reactor_serve.runtime.session import EndReason, Session, SessionSink
+from reactor_serve.runtime.video_model_driver import VideoModelDriver
 
 __all__ = ["ModelHost", "ModelLoadError", "SessionBusy"]
 
 log = logging.getLogger("reactor_serve.runtime")
+
+# One driver per model kind (`ModelSpec.kind`).
+_DRIVERS: dict[str, Callable[[DriverHost], KindDriver]] = {
+    "pipeline": PipelineDriver,
+    "model": RunLoopDriver,
+    "legacy": VideoModelDriver,
+}
 
 
 class ModelLoadError(RuntimeError):
@@ -55,11 +66,6 @@ class SessionBusy(RuntimeError):
 class ModelHost:
     """Runs one model instance and its sessions."""
 
-    # Idle pipelines are resumed at least this often, so models that poll input with
-    # try_read() keep up with a 30 fps camera without spinning the CPU.
-    IDLE_POLL_S = 0.01
-    # How long disconnect waits for an older-API session thread to notice should_stop().
-    SESSION_THREAD_JOIN_S = 10.0
     # Commands delivered but not yet applied, at most. A client flooding the data
     # channel gets `commandError` (rule `queue_full`) for the excess instead of
     # growing the model loop's queue without bound; the session goes on.
@@ -85,11 +91,7 @@ class ModelHost:
         self._thread = ModelThread(f"reactor-model-{self.spec.name}", self._current_context)
         self._session: Session | None = None
         self._lifecycle: asyncio.Lock | None = None
-        self._pipeline_task: asyncio.Task[None] | None = None
-        self._run_task: asyncio.Task[None] | None = None
-        self._session_thread: threading.Thread | None = None
-        self._pending: collections.deque[tuple[CommandSpec, dict[str, Any]]] = collections.deque()
-        self._wakeup: asyncio.Event | None = None
+        self._driver: KindDriver = _DRIVERS[self.spec.kind](_HostForDriver(self))
         self._shutting_down = False
         self.model_errors = 0
         self._queued_commands = 0
@@ -142,27 +144,21 @@ class ModelHost:
 
     async def _load(self) -> None:
         self._lifecycle = asyncio.Lock()
-        self._wakeup = asyncio.Event()
+        driver = self._driver
         try:
-            if self.spec.kind == "legacy":
-                model = self.spec.cls(self.config)
-            else:
-                model = self.spec.cls()
+            model = driver.create(self.config)
             self._bind(model)
-            if self.spec.kind != "legacy":
-                result = model.load(self.config)
-                if inspect.isawaitable(result):
-                    await result
+            await driver.load(model, self.config)
         except Exception as exc:
             text = traceback.format_exc()
             log.error("model %s failed to load:\n%s", self.spec.name, text)
-            where = "__init__(config)" if self.spec.kind == "legacy" else "load(config)"
             raise ModelLoadError(
-                f"{self.spec.cls.__qualname__}.{where} raised {type(exc).__name__}: {exc}", text
+                f"{self.spec.cls.__qualname__}.{driver.load_step} raised "
+                f"{type(exc).__name__}: {exc}",
+                text,
             ) from exc
         self.model = model
-        if self.spec.kind == "model":
-            self._run_task = asyncio.get_running_loop().create_task(self._supervise_run())
+        driver.loaded()
 
     def _bind(self, model: Any) -> None:
         model.connected = asyncio.Event()
@@ -232,7 +228,7 @@ class ModelHost:
                 raise SessionBusy(f"model {self.spec.name!r} is busy with another session")
             self.output_buffer.restart()
             self.splitter.reset()
-            self._drop_pending()
+            self._driver.drop_pending()
             if self.spec.state_cls is not None:
                 self.model.state = self.spec.state_cls()
             # Every model kind starts with empty, open input buffers that take this
@@ -244,20 +240,11 @@ class ModelHost:
             self.model.connected.set()
         try:
             for hook in self.spec.connected_hooks:
-                await _call(getattr(self.model, hook))
+                await call_model(getattr(self.model, hook))
         except Exception as exc:
             await self._fail(session, f"@connected {hook}()", exc)
             return
-        if self.spec.kind == "pipeline":
-            self._pipeline_task = self._spawn(self._drive_pipeline(session))
-        elif self.spec.kind == "legacy":
-            self._session_thread = threading.Thread(
-                target=self._legacy_session,
-                args=(session,),
-                name=f"reactor-session-{self.spec.name}",
-                daemon=True,
-            )
-            self._session_thread.start()
+        self._driver.start_session(session)
 
     async def _disconnect(self, session: Session, reason: str, detail: str | None) -> None:
         assert self._lifecycle is not None
@@ -266,36 +253,19 @@ class ModelHost:
                 return
             session._mark_stopping()
             self.model.connected.clear()
-            task = self._pipeline_task
-            if task is not None and task is not asyncio.current_task():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-            self._pipeline_task = None
+            await self._driver.stop(session)
             for hook in self.spec.disconnected_hooks:
                 try:
-                    await _call(getattr(self.model, hook))
+                    await call_model(getattr(self.model, hook))
                 except Exception:
                     log.exception("@disconnected %s() raised", hook)
-            if self.spec.kind == "pipeline":
-                for buffer in self.input_buffers.values():
-                    buffer.close()
+            self._driver.release_inputs(session)
             # Leftover frames, and any still in flight from this session, never
             # reach the next one (the model's own close() may not have run).
             for buffer in self.input_buffers.values():
                 buffer.detach()
-            thread = self._session_thread
-            if thread is not None and thread is not threading.current_thread():
-                await asyncio.get_running_loop().run_in_executor(
-                    None, thread.join, self.SESSION_THREAD_JOIN_S
-                )
-                if thread.is_alive():
-                    log.warning(
-                        "%s.start_session() did not return within %.0f s of should_stop()",
-                        self.spec.cls.__qualname__,
-                        self.SESSION_THREAD_JOIN_S,
-                    )
-            self._session_thread = None
-            self._drop_pending()
+            await self._driver.join(session)
+            self._driver.drop_pending()
             self.output_buffer.flush()
             self._record_end(session, reason, detail)
         self._tell_sink(session, reason, detail)
@@ -324,100 +294,8 @@ class ModelHost:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    # ---- ReactorModel: run() for the model's lifetime ----------------------------
-
-    async def _supervise_run(self) -> None:
-        backoff = 0.5
-        while not self._shutting_down:
-            started = time.monotonic()
-            try:
-                await self.model.run()
-                where, error = "run()", None
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                where, error = "run()", exc
-            session = self._session
-            if error is not None:
-                if session is not None and not session.stopping:
-                    await self._fail(session, where, error)
-                else:
-                    self.model_errors += 1
-                    log.error("model %s: run() raised with no session live", self.spec.name,
-                              exc_info=error)
-            elif session is not None and not session.stopping:
-                await self._disconnect(session, EndReason.MODEL_ENDED, "run() returned")
-            # Restart run() for the next client; back off if it keeps failing at once.
-            if time.monotonic() - started < 1.0:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            else:
-                backoff = 0.5
-
-    # ---- ReactorPipeline: the generator between connect and disconnect -----------
-
-    async def _drive_pipeline(self, session: Session) -> None:
-        generator: Any = None
-        try:
-            while not session.stopping:
-                if generator is None:
-                    generator = self.model.inference()
-                    if not (inspect.isgenerator(generator) or inspect.isasyncgen(generator)):
-                        raise TypeError(
-                            f"inference() must be a generator (use yield), got "
-                            f"{type(generator).__name__}"
-                        )
-                    produced = False
-                await self._apply_pending()
-                started = time.perf_counter()
-                try:
-                    if inspect.isasyncgen(generator):
-                        item = await generator.__anext__()
-                    else:
-                        item = next(generator)
-                except (StopIteration, StopAsyncIteration):
-                    generator = None
-                    if not produced:
-                        # A generator that ends at once would otherwise spin the CPU.
-                        await asyncio.sleep(self.IDLE_POLL_S)
-                    continue
-                compute_time = time.perf_counter() - started
-                produced = True
-                if item is None or isinstance(item, _IdleType):
-                    await self._idle_wait()
-                    continue
-                await self._emit(item, drop=False, compute_time=compute_time)
-        except asyncio.CancelledError:
-            raise
-        except BufferClosed:
-            if not session.stopping:
-                self._schedule_fail(session, "inference()", BufferClosed("input buffer closed"))
-        except Exception as exc:
-            self._schedule_fail(session, "inference()", exc)
-        finally:
-            if generator is not None:
-                await _close_generator(generator)
-
-    async def _idle_wait(self) -> None:
-        assert self._wakeup is not None
-        self._wakeup.clear()
-        try:
-            await asyncio.wait_for(self._wakeup.wait(), self.IDLE_POLL_S)
-        except asyncio.TimeoutError:
-            pass
-
     def _input_arrived(self) -> None:
-        if self.spec.kind == "pipeline" and self._wakeup is not None and self._thread.alive:
-            self._thread.call_soon(self._wakeup.set)
-
-    async def _apply_pending(self) -> None:
-        # Commands queued while the generator ran take effect here, between yields.
-        while self._pending:
-            command, args = self._pending.popleft()
-            try:
-                await self._apply(command, args)
-            finally:
-                self._command_done()
+        self._driver.input_arrived()
 
     # ---- commands ---------------------------------------------------------------
 
@@ -449,10 +327,6 @@ class ModelHost:
         with self._command_lock:
             self._queued_commands = max(0, self._queued_commands - count)
 
-    def _drop_pending(self) -> None:
-        self._command_done(len(self._pending))
-        self._pending.clear()
-
     def _on_command(self, session: Session, name: str, data: Any) -> None:
         if session is not self._session or session.stopping:
             self._command_done()
@@ -474,13 +348,7 @@ class ModelHost:
                 "commandError", command_error(name, exc.message, exc.errors)
             )
             return
-        if self.spec.kind == "pipeline":
-            self._pending.append((command, args))
-            assert self._wakeup is not None
-            self._wakeup.set()
-        else:
-            # Handlers interleave with run() at its awaits, as the reference describes.
-            self._spawn(self._run_handler(session, command, args))
+        self._driver.deliver(session, command, args)
 
     async def _run_handler(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
         try:
@@ -495,7 +363,7 @@ class ModelHost:
         if command.kind == "setter":
             setattr(self.model.state, command.target, args[command.target])
         else:
-            await _call(getattr(self.model, command.target), **args)
+            await call_model(getattr(self.model, command.target), **args)
 
     # ---- output -----------------------------------------------------------------
 
@@ -526,22 +394,6 @@ class ModelHost:
         if items:
             self.output_buffer.put_blocking(items, should_stop=lambda: session.stopping)
 
-    def _legacy_session(self, session: Session) -> None:
-        from reactor_serve.interface.context import bind_context_source
-
-        bind_context_source(self._current_context)
-        reason, detail, error = EndReason.MODEL_ENDED, "start_session() returned", None
-        try:
-            self.model.start_session()
-        except Exception as exc:
-            reason, detail, error = EndReason.ERROR, None, exc
-        if session.stopping or not self._thread.alive:
-            return
-        if error is not None:
-            self._thread.submit(self._fail(session, "start_session()", error))
-        else:
-            self._thread.submit(self._disconnect(session, reason, detail))
-
     # ---- shutdown ---------------------------------------------------------------
 
     def shutdown(self, timeout: float = 15.0) -> None:
@@ -556,13 +408,74 @@ class ModelHost:
                     ).result(timeout)
                 except Exception:
                     log.exception("ending the live session at shutdown failed")
-            if self._run_task is not None:
-                self._thread.loop.call_soon_threadsafe(self._run_task.cancel)
+            self._driver.shutdown()
         self._thread.stop(timeout)
         session = self._session
         if session is not None:
             # The model thread was gone (or did not end the session in time).
             self._abandon(session, EndReason.SHUTDOWN, None)
+
+
+class _HostForDriver(DriverHost):
+    """The host as its driver sees it: the `DriverHost` seam over the host's own
+    methods, so the drivers reach nothing private of `ModelHost`."""
+
+    def __init__(self, host: ModelHost) -> None:
+        self._host = host
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._host.spec
+
+    @property
+    def model(self) -> Any:
+        return self._host.model
+
+    @property
+    def input_buffers(self) -> dict[str, InputBuffer]:
+        return self._host.input_buffers
+
+    @property
+    def thread(self) -> ModelThread:
+        return self._host._thread
+
+    @property
+    def session(self) -> Session | None:
+        return self._host._session
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._host._shutting_down
+
+    def current_context(self) -> SessionContext | None:
+        return self._host._current_context()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        return self._host._spawn(coro)
+
+    async def fail(self, session: Session, where: str, exc: BaseException) -> None:
+        await self._host._fail(session, where, exc)
+
+    def schedule_fail(self, session: Session, where: str, exc: BaseException) -> None:
+        self._host._schedule_fail(session, where, exc)
+
+    async def disconnect(self, session: Session, reason: str, detail: str | None) -> None:
+        await self._host._disconnect(session, reason, detail)
+
+    def count_model_error(self) -> None:
+        self._host.model_errors += 1
+
+    async def emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
+        await self._host._emit(output, drop, compute_time)
+
+    async def run_handler(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
+        await self._host._run_handler(session, command, args)
+
+    async def apply(self, command: CommandSpec, args: dict[str, Any]) -> None:
+        await self._host._apply(command, args)
+
+    def command_done(self, count: int = 1) -> None:
+        self._host._command_done(count)
 
 
 class _Binding:
@@ -579,23 +492,6 @@ class _Binding:
         if session is not None and not session.stopping:
             session.send_application(message)
         await asyncio.sleep(0)  # an await point for handlers, like emit
-
-
-async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    result = fn(*args, **kwargs)
-    if inspect.isawaitable(result):
-        return await result
-    return result
-
-
-async def _close_generator(generator: Any) -> None:
-    try:
-        if inspect.isasyncgen(generator):
-            await generator.aclose()
-        else:
-            generator.close()
-    except Exception:
-        log.exception("closing inference() raised")
 
 
 def _legacy_defaults(model_cls: type) -> dict[str, Any]:
