@@ -82,6 +82,30 @@ def test_sine_matches_ideal_waveform_and_timing(source_rate: int) -> None:
     assert np.max(np.abs(y - ideal)[1000:]) <= 4.0
 
 
+def _level_db(x: np.ndarray, freq: float, rate: int) -> float:
+    """The level of `freq` in `x`, in dB relative to a full-AMPLITUDE sine."""
+    window = np.blackman(len(x))
+    spectrum = np.abs(np.fft.rfft(x.astype(np.float64) * window))
+    i = int(round(freq * len(x) / rate))
+    return float(20 * np.log10(spectrum[i - 3 : i + 4].max() / (window.sum() / 2) / AMPLITUDE))
+
+
+@pytest.mark.parametrize("source_rate", [16000, 22050, 24000])
+def test_upsampling_keeps_the_band_and_suppresses_images(source_rate: int) -> None:
+    # A tone at 0.4 of the source rate comes through at full level; one at 0.45 leaves
+    # its mirror image (at 0.55, above the source's Nyquist) far below full scale.
+    # libswresample's own cutoff, which the adapter overrides, lets it through at -27 dB.
+    def through(frac: float) -> tuple[float, np.ndarray]:
+        tone = round(frac * source_rate / 10) * 10  # whole Hz: bin-centred in 1 s
+        out = AudioResampler(source_rate).process(_sine(tone, source_rate, 1.5))
+        return tone, out[0, 4800 : 4800 + TARGET]
+
+    tone, y = through(0.4)
+    assert _level_db(y, tone, TARGET) == pytest.approx(0.0, abs=0.5)
+    tone, y = through(0.45)
+    assert _level_db(y, source_rate - tone, TARGET) < -60.0
+
+
 def test_downsampling_rejects_tone_above_new_nyquist() -> None:
     x = _sine(10000.0, 48000, 2.0)
     y = AudioResampler(48000, 16000).process(x)
