@@ -49,6 +49,8 @@ class RunLoopDriver:
         pass
 
     def deliver(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
+        # A task of its own: handlers interleave with run() at its awaits, as the
+        # reference describes, instead of waiting for a step to end.
         self._host.spawn(self._host.run_handler(session, command, args))
 
     def drop_pending(self) -> None:

@@ -57,6 +57,8 @@ class VideoModelDriver:
         self._session_thread.start()
 
     def deliver(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
+        # On the model loop, beside the session thread: a command applies even while
+        # start_session() is busy in a forward pass.
         self._host.spawn(self._host.run_handler(session, command, args))
 
     def drop_pending(self) -> None:
