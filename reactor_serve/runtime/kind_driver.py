@@ -29,7 +29,7 @@ from reactor_serve.runtime.model_thread import ModelThread
 if TYPE_CHECKING:
     from reactor_serve.runtime.session import Session
 
-__all__ = ["DriverHost", "KindDriver", "call_model"]
+__all__ = ["CommandsAsTasks", "DriverHost", "KindDriver", "call_model"]
 
 
 class DriverHost(Protocol):
@@ -126,6 +126,29 @@ class KindDriver(Protocol):
 
     def shutdown(self) -> None:
         """The host shuts down. Called from any thread, with the model loop running."""
+
+
+class CommandsAsTasks:
+    """What the run-loop and `VideoModel` drivers share: each command runs as a task
+    of its own on the model loop, beside the producer, so a handler interleaves with
+    `run()` at its awaits (as the reference describes) and applies even while
+    `start_session()` is busy in a forward pass. Nothing is queued, so there is nothing
+    to drop; nothing waits for input, so an arrival wakes nothing; and the model's
+    `@disconnected` hooks close its inputs themselves."""
+
+    _host: DriverHost
+
+    def deliver(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
+        self._host.spawn(self._host.run_handler(session, command, args))
+
+    def drop_pending(self) -> None:
+        pass
+
+    def input_arrived(self) -> None:
+        pass
+
+    def release_inputs(self, session: Session) -> None:
+        pass
 
 
 async def call_model(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -14,8 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from reactor_serve.runtime.kind_driver import DriverHost, call_model
-from reactor_serve.runtime.model_spec import CommandSpec
+from reactor_serve.runtime.kind_driver import CommandsAsTasks, DriverHost, call_model
 from reactor_serve.runtime.session import EndReason
 
 if TYPE_CHECKING:
@@ -26,7 +25,7 @@ __all__ = ["RunLoopDriver"]
 log = logging.getLogger("reactor_serve.runtime")
 
 
-class RunLoopDriver:
+class RunLoopDriver(CommandsAsTasks):
     """`run()` for the model's lifetime; handlers as tasks beside it."""
 
     load_step = "load(config)"
@@ -48,22 +47,8 @@ class RunLoopDriver:
         # run() is already waiting on `connected`, which the host has set.
         pass
 
-    def deliver(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
-        # A task of its own: handlers interleave with run() at its awaits, as the
-        # reference describes, instead of waiting for a step to end.
-        self._host.spawn(self._host.run_handler(session, command, args))
-
-    def drop_pending(self) -> None:
-        pass
-
-    def input_arrived(self) -> None:
-        pass
-
     async def stop(self, session: Session) -> None:
         # run() outlives the session; it sees `connected` cleared.
-        pass
-
-    def release_inputs(self, session: Session) -> None:
         pass
 
     async def join(self, session: Session) -> None:

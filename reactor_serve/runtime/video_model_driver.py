@@ -14,8 +14,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from reactor_serve.interface.context import bind_context_source
-from reactor_serve.runtime.kind_driver import DriverHost
-from reactor_serve.runtime.model_spec import CommandSpec
+from reactor_serve.runtime.kind_driver import CommandsAsTasks, DriverHost
 from reactor_serve.runtime.session import EndReason
 
 if TYPE_CHECKING:
@@ -26,7 +25,7 @@ __all__ = ["VideoModelDriver"]
 log = logging.getLogger("reactor_serve.runtime")
 
 
-class VideoModelDriver:
+class VideoModelDriver(CommandsAsTasks):
     """`start_session()` on a thread per session; commands as tasks."""
 
     load_step = "__init__(config)"
@@ -56,22 +55,8 @@ class VideoModelDriver:
         )
         self._session_thread.start()
 
-    def deliver(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
-        # On the model loop, beside the session thread: a command applies even while
-        # start_session() is busy in a forward pass.
-        self._host.spawn(self._host.run_handler(session, command, args))
-
-    def drop_pending(self) -> None:
-        pass
-
-    def input_arrived(self) -> None:
-        pass
-
     async def stop(self, session: Session) -> None:
         # The thread stops itself once should_stop() is true; `join` waits for it.
-        pass
-
-    def release_inputs(self, session: Session) -> None:
         pass
 
     async def join(self, session: Session) -> None:
