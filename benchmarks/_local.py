@@ -1,12 +1,21 @@
 """Helpers the benchmarks share (they run as scripts, so this sits beside them)."""
 
 import asyncio
+import contextlib
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import yaml
 
 
 def free_port() -> int:
@@ -34,3 +43,44 @@ async def wait_healthy(base: str, timeout: float = 30.0) -> None:
                 pass
             await asyncio.sleep(0.1)
     raise RuntimeError(f"reactor run did not become healthy at {base}")
+
+
+@dataclass
+class ReactorRun:
+    """A `reactor run` subprocess serving a model: its URL and process id."""
+
+    base: str
+    pid: int
+
+
+@contextlib.asynccontextmanager
+async def reactor_run_of(model: Path, config: dict[str, Any]) -> AsyncIterator[ReactorRun]:
+    """`reactor run` of a copy of `model` whose config.yml is `config`, healthy; the
+    process stopped and the copy removed after."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"reactor-{model.name}-"))
+    model_dir = workdir / model.name
+    shutil.copytree(model, model_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    (model_dir / "config.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "reactor_serve.cli", "run", str(model_dir), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await wait_healthy(base)
+        yield ReactorRun(base, server.pid)
+    finally:
+        stop_process(server)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

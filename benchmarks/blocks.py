@@ -41,10 +41,8 @@ import collections
 import fractions
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -55,7 +53,7 @@ import yaml
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 from av import VideoFrame
-from _local import cpu_seconds, free_port, wait_healthy
+from _local import cpu_seconds, reactor_run_of, stop_process
 
 from reactor_serve.client import connect
 from reactor_serve.client.peer import ClientPeer, ReceivedVideo
@@ -172,38 +170,17 @@ async def _measure(
     return figures
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 # ---- against reactor run -------------------------------------------------------------
 
 
 async def run_reactor(forward: str, seconds: float) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="reactor-blocks-"))
-    model_dir = workdir / "blocks"
-    shutil.copytree(MODEL, model_dir, ignore=shutil.ignore_patterns("__pycache__"))
     config = yaml.safe_load((MODEL / "config.yml").read_text())
     config["forward"] = forward
-    (model_dir / "config.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "reactor_serve.cli", "run", str(model_dir), "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     recorder = _Recorder()
-    try:
-        await wait_healthy(base)
+    async with reactor_run_of(MODEL, config) as server:
 
         async def start() -> Callable[[], Awaitable[None]]:
-            client = await connect(base)
+            client = await connect(server.base)
             # connect() returns once the data channel is open, and frames may have
             # come before that: read those from the peer's history first.
             for frame in client.peer.video.get("main_video", ()):
@@ -212,9 +189,6 @@ async def run_reactor(forward: str, seconds: float) -> dict[str, Any]:
             return client.close
 
         return await _measure(recorder, start, server.pid, seconds)
-    finally:
-        _stop(server)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 # ---- against a minimal plain-aiortc server (the peer baseline) -----------------------
@@ -234,7 +208,7 @@ async def run_aiortc(forward: str, seconds: float) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     ready = await loop.run_in_executor(None, server.stdout.readline)
     if not ready.strip():
-        _stop(server)
+        stop_process(server)
         raise RuntimeError("the aiortc server did not start")
     recorder = _Recorder()
     capabilities = {"tracks": [{"name": "main_video", "kind": "video", "direction": "recvonly"}]}
@@ -258,7 +232,7 @@ async def run_aiortc(forward: str, seconds: float) -> dict[str, Any]:
         try:
             server.wait(5)
         except subprocess.TimeoutExpired:
-            _stop(server)
+            stop_process(server)
 
 
 class _QueuedVideoTrack(MediaStreamTrack):

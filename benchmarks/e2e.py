@@ -20,17 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _local import cpu_seconds, free_port, wait_healthy
+from _local import cpu_seconds, reactor_run_of
 
 import numpy as np
-import yaml
 
 from reactor_serve.client import connect
 from reactor_serve.client.peer import ReceivedVideo
@@ -49,27 +45,15 @@ WARMUP_S = 1.0
 
 
 async def run_case(name: str, width: int, height: int, codec: str, seconds: float) -> dict:
-    workdir = Path(tempfile.mkdtemp(prefix="reactor-e2e-"))
-    model_dir = workdir / "stamped"
-    shutil.copytree(MODEL, model_dir, ignore=shutil.ignore_patterns("__pycache__"))
     config = {"width": width, "height": height, "webrtc": {"codec": codec, "bitrate_kbps": 2500}}
-    (model_dir / "config.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "reactor_serve.cli", "run", str(model_dir), "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
     frames: list[tuple[float, int]] = []
-    try:
-        await wait_healthy(base)
+    async with reactor_run_of(MODEL, config) as server:
 
         def on_video(frame: ReceivedVideo) -> None:
             frames.append((frame.arrived_at, read_stamp(frame.image)))
 
         started = time.monotonic()
-        client = await connect(base)
+        client = await connect(server.base)
         client.peer.on_video = on_video
         await client.peer.wait_for(lambda: frames, 10, "the first frame")
         ttff = frames[0][0] - started
@@ -79,13 +63,6 @@ async def run_case(name: str, width: int, height: int, codec: str, seconds: floa
         cpu = cpu_seconds(server.pid) - cpu0
         window = frames[mark:]
         await client.close()
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        shutil.rmtree(workdir, ignore_errors=True)
     arrivals = np.array([a for a, _ in window])
     intervals = np.diff(arrivals) * 1000
     modulus = 1 << BITS
