@@ -30,6 +30,9 @@ def open_player(page, url):
 
 
 def set_range(page, selector, value):
+    # The controls are built when the schema the page asks for on connecting arrives,
+    # which on a loaded machine can come after the first frames.
+    page.wait_for_selector(selector, state="attached", timeout=10_000)
     # What dragging does: the value changes, then `input` and `change` fire.
     page.eval_on_selector(selector, """(input, value) => {
         input.value = value;
