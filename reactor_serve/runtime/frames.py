@@ -53,10 +53,16 @@ def _array_for(value: Any, track: str, expected: str) -> np.ndarray:
         raise FrameError(f"track {track!r}: expected {expected}, got {_describe(value)}") from None
 
 
-def video_batch(value: Any, track: str) -> np.ndarray:
-    """`value` as an `(N, H, W, 3)` uint8 array (a single frame becomes N=1), no copy."""
+def video_batch(value: Any, track: str, on_device: bool = False) -> Any:
+    """`value` as an `(N, H, W, 3)` uint8 array (a single frame becomes N=1), no copy.
+
+    With `on_device`, a torch tensor is checked where it is and returned as a tensor
+    (on its device): its one copy to host is then the write into shared memory."""
     expected = "uint8 RGB frames of shape (H, W, 3) or (N, H, W, 3)"
-    array = _array_for(value, track, expected)
+    if on_device and _is_torch_tensor(value):
+        array = _TensorShape(value.detach())
+    else:
+        array = _array_for(value, track, expected)
     if array.ndim not in (3, 4) or array.shape[-1] != 3:
         channels = array.shape[-1] if array.ndim >= 3 else None
         problem = (
@@ -72,11 +78,27 @@ def video_batch(value: Any, track: str) -> np.ndarray:
             f"track {track!r}: expected {expected}, got {_describe(value)} "
             f"(convert with (x * 255).clamp(0, 255).to(torch.uint8) or .astype(np.uint8))"
         )
-    if array.ndim == 3:
-        array = array[None]
-    if array.shape[0] == 0 or array.shape[1] == 0 or array.shape[2] == 0:
+    if 0 in array.shape[:-1]:
         raise FrameError(f"track {track!r}: expected {expected}, got an empty {_describe(value)}")
-    return array
+    if isinstance(array, _TensorShape):
+        tensor = array.tensor
+        return tensor.unsqueeze(0) if tensor.dim() == 3 else tensor
+    return array[None] if array.ndim == 3 else array
+
+
+class _TensorShape:
+    """A torch tensor seen through the numpy attributes `video_batch` checks, so one
+    set of checks serves both (the runtime never imports torch itself)."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+        self.ndim = tensor.dim()
+        self.shape = tuple(tensor.shape)
+        name = str(tensor.dtype).removeprefix("torch.")
+        # Compares equal to np.uint8 exactly when the tensor is torch.uint8.
+        self.dtype: Any = np.dtype(np.uint8) if name == "uint8" else name
+
+
 
 
 def audio_chunk(value: Any, track: str) -> np.ndarray:

@@ -32,14 +32,14 @@ from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.runtime.kind_driver import DriverHost, KindDriver, call_model
 from reactor_serve.runtime.model_spec import CommandSpec, ModelSpec, inspect_model
 from reactor_serve.runtime.model_thread import ModelThread
-from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer
+from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer, OutputPort
 from reactor_serve.runtime.output_splitter import OutputSplitter
 from reactor_serve.runtime.pipeline_driver import PipelineDriver
 from reactor_serve.runtime.run_loop_driver import RunLoopDriver
 from reactor_serve.runtime.session import EndReason, Session, SessionSink
 from reactor_serve.runtime.video_model_driver import VideoModelDriver
 
-__all__ = ["ModelHost", "ModelLoadError", "SessionBusy"]
+__all__ = ["ModelHost", "ModelLoadError", "SessionBusy", "model_config"]
 
 log = logging.getLogger("reactor_serve.runtime")
 
@@ -77,15 +77,18 @@ class ModelHost:
         config: dict[str, Any] | None = None,
         *,
         name: str | None = None,
+        output: OutputPort | None = None,
     ) -> None:
         self.spec: ModelSpec = inspect_model(model_cls, name)
-        self.config = ModelConfig(_legacy_defaults(model_cls))
-        self.config.update(config or {})
-        self.output_buffer = OutputBuffer(self.spec.buffer_size, self.spec.fps)
+        self.config = model_config(model_cls, config)
+        # Where emitted frames go: a buffer paced here, or (in a model process) the
+        # port that forwards them to the media process's buffer, which takes tensors
+        # on any device as they are and copies each once, into shared memory.
+        self.output_buffer: OutputPort = output or OutputBuffer(self.spec.buffer_size, self.spec.fps)
         self.input_buffers: dict[str, InputBuffer] = {
             t.name: InputBuffer(t.name, t.kind) for t in self.spec.inputs
         }
-        self.splitter = OutputSplitter(self.spec.outputs)
+        self.splitter = OutputSplitter(self.spec.outputs, on_device=output is not None)
         self.model: Any = None
         self.load_error: ModelLoadError | None = None
         self._thread = ModelThread(f"reactor-model-{self.spec.name}", self._current_context)
@@ -103,12 +106,12 @@ class ModelHost:
     # ---- construction -----------------------------------------------------------
 
     @classmethod
-    def from_manifest(cls, path: str | Path) -> ModelHost:
+    def from_manifest(cls, path: str | Path, output: OutputPort | None = None) -> ModelHost:
         """A host for the model directory (or `reactor.yaml`) at `path`."""
         from reactor_serve.runtime.manifest import load_manifest
 
         manifest = load_manifest(path)
-        return cls(manifest.load_class(), manifest.config, name=manifest.name)
+        return cls(manifest.load_class(), manifest.config, name=manifest.name, output=output)
 
     def start(self, timeout: float | None = None) -> None:
         """Start the model thread, construct the model and call `load(config)`.
@@ -178,6 +181,7 @@ class ModelHost:
         if not self.healthy:
             raise RuntimeError(f"model {self.spec.name!r} is not loaded")
         session = Session(self, sink, session_id)
+        session.context = _LiveContext(self, session)
         await asyncio.wrap_future(self._thread.submit(self._connect(session)))
         return session
 
@@ -196,7 +200,7 @@ class ModelHost:
         `get_ctx()` would find it) for ever."""
         if session.ended.is_set():
             return
-        session._mark_stopping()
+        session.mark_stopping()
         for buffer in self.input_buffers.values():
             buffer.detach()
         self._record_end(session, reason, detail)
@@ -209,6 +213,7 @@ class ModelHost:
             data["message"] = detail
         session.send_runtime("sessionEnded", data)
         session.end_reason, session.end_detail = reason, detail
+        assert session.context is not None
         unregister_live(session.context)
         session.ended.set()
         if self._session is session:
@@ -236,6 +241,7 @@ class ModelHost:
             for buffer in self.input_buffers.values():
                 buffer.attach(session)
             self._session = session
+            assert session.context is not None
             register_live(session.context)
             self.model.connected.set()
         try:
@@ -251,7 +257,7 @@ class ModelHost:
         async with self._lifecycle:
             if self._session is not session or session.ended.is_set():
                 return
-            session._mark_stopping()
+            session.mark_stopping()
             self.model.connected.clear()
             await self._driver.stop(session)
             for hook in self.spec.disconnected_hooks:
@@ -294,12 +300,17 @@ class ModelHost:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _input_arrived(self) -> None:
+    def push_input(self, session: Session, track: str, frame: Any) -> None:
+        """A client frame for `track` (any thread). The buffer accepts only the session
+        attached to it now (see InputBuffer.attach)."""
+        buffer = self.input_buffers[track]
+        buffer.push(frame, owner=session)
         self._driver.input_arrived()
 
     # ---- commands ---------------------------------------------------------------
 
-    def _submit_command(self, session: Session, name: str, data: Any) -> None:
+    def submit_command(self, session: Session, name: str, data: Any) -> None:
+        """A client command (any thread): validated and applied on the model loop."""
         if not self._thread.alive or session.stopping:
             return
         with self._command_lock:
@@ -307,7 +318,6 @@ class ModelHost:
             if not full:
                 self._queued_commands += 1
         if full:
-            session.commands_rejected += 1
             session.send_runtime(
                 "commandError",
                 {
@@ -342,7 +352,6 @@ class ModelHost:
             args = command.validate(data)
         except InputRejected as exc:
             self._command_done()
-            session.commands_rejected += 1
             session.send_runtime(
                 # Values described where JSON cannot carry them: the error always sends.
                 "commandError", command_error(name, exc.message, exc.errors)
@@ -382,7 +391,8 @@ class ModelHost:
         # even when the buffer had room and `put` returned without suspending.
         await asyncio.sleep(0)
 
-    def _emit_block(self, session: Session, frames: Any) -> None:
+    def emit_block(self, session: Session, frames: Any) -> None:
+        """`get_ctx().emit_block(frames)` from the model's session thread."""
         if session.stopping:
             return
         if frames is None:
@@ -492,6 +502,41 @@ class _Binding:
         if session is not None and not session.stopping:
             session.send_application(message)
         await asyncio.sleep(0)  # an await point for handlers, like emit
+
+
+class _LiveContext(SessionContext):
+    """`get_ctx()` while a session of this host is live."""
+
+    def __init__(self, host: ModelHost, session: Session) -> None:
+        self._host = host
+        self._session = session
+
+    @property
+    def session_id(self) -> str:
+        return self._session.id
+
+    def should_stop(self) -> bool:
+        return self._session.stopping
+
+    def emit_block(self, frames: Any) -> None:
+        self._host.emit_block(self._session, frames)
+
+    def send(self, message: Any) -> None:
+        self._session.send_application(message)
+
+    def disable_monitoring(self) -> None:
+        self._host.output_buffer.set_monitoring(False)
+
+    def enable_monitoring(self) -> None:
+        self._host.output_buffer.set_monitoring(True)
+
+
+def model_config(model_cls: type, config: dict[str, Any] | None) -> ModelConfig:
+    """The config `load()` gets: the older API's `@model(config=...)` defaults, then
+    the manifest's config over them."""
+    merged = ModelConfig(_legacy_defaults(model_cls))
+    merged.update(config or {})
+    return merged
 
 
 def _legacy_defaults(model_cls: type) -> dict[str, Any]:

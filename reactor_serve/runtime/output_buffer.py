@@ -16,14 +16,14 @@ import numbers
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
 from reactor_serve.runtime._waiters import LoopWaiters
 from reactor_serve.runtime.production_rate import ProductionRate
 
-__all__ = ["FrameItem", "OutputBuffer"]
+__all__ = ["FrameItem", "OutputBuffer", "OutputPort", "check_fps"]
 
 
 @dataclass(slots=True)
@@ -31,10 +31,48 @@ class FrameItem:
     """One presentation slot's worth of output: a frame per video track and the audio
     that plays with it (48 kHz int16, per audio track)."""
 
-    video: dict[str, np.ndarray]
+    # numpy arrays; in a model process, before they cross to the media process, a
+    # frame may still be a torch tensor on its device (see OutputSplitter).
+    video: dict[str, Any]
     audio: dict[str, np.ndarray] = field(default_factory=dict)
     emitted_at: float = 0.0
     seq: int = 0
+
+
+class OutputPort(Protocol):
+    """The producer's side of an output buffer, as the model host uses it: an
+    `OutputBuffer` in this process, or a port forwarding to one in the media process."""
+
+    def set_fps(self, fps: float) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def restart(self) -> None: ...
+
+    def set_monitoring(self, enabled: bool) -> None: ...
+
+    def record_emit(self, items: list[FrameItem], compute_time: float | None) -> None: ...
+
+    async def put(self, items: list[FrameItem], drop: bool = False) -> None: ...
+
+    def put_blocking(
+        self,
+        items: list[FrameItem],
+        drop: bool = False,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> bool: ...
+
+
+def check_fps(fps: Any) -> float:
+    """`fps` as a float; raises ValueError unless it is a positive finite number."""
+    if (
+        isinstance(fps, bool)
+        or not isinstance(fps, numbers.Real)
+        or not math.isfinite(fps)
+        or fps <= 0
+    ):
+        raise ValueError(f"fps must be a positive number, got {fps!r}")
+    return float(fps)
 
 
 class OutputBuffer:
@@ -56,7 +94,7 @@ class OutputBuffer:
     ) -> None:
         if capacity < 1:
             raise ValueError(f"buffer_size must be at least 1, got {capacity}")
-        self._check_fps(fps)
+        check_fps(fps)
         self.capacity = int(capacity)
         self.clock = clock
         self.rate = ProductionRate()
@@ -83,8 +121,7 @@ class OutputBuffer:
 
     def set_fps(self, fps: float) -> None:
         """Change the target frame rate; the emission clock uses it from its next tick."""
-        self._check_fps(fps)
-        self._target_fps = float(fps)
+        self._target_fps = check_fps(fps)
 
     def flush(self) -> None:
         """Drop every queued frame; the client sees black until the next emit."""
@@ -140,17 +177,35 @@ class OutputBuffer:
         self.flush()
         self.rate.restart()
 
+    def set_monitoring(self, enabled: bool) -> None:
+        """Pause or resume measuring the production rate (an intentional pause)."""
+        self.rate.set_monitoring(enabled, self.clock())
+
     # ---- producer side ----------------------------------------------------------
 
-    def record_emit(self, items: list[FrameItem], compute_time: float | None) -> None:
-        """Stamp one emit's items (time, sequence numbers) and count it for the rate."""
-        now = self.clock()
-        self.rate.record(now, len(items), compute_time)
+    def record_emit(
+        self,
+        items: list[FrameItem],
+        compute_time: float | None,
+        at: float | None = None,
+        frames: int | None = None,
+    ) -> None:
+        """Stamp one emit's items (time, sequence numbers) and count it for the rate.
+
+        `at`: when the model emitted, if not now (it emitted in another process; the
+        monotonic clock is the machine's, the same in both). `frames`: the emit's size
+        when `items` is only its first part."""
+        now = self.clock() if at is None else at
+        self.rate.record(now, len(items) if frames is None else frames, compute_time)
+        self.stamp(items, now)
+
+    def stamp(self, items: list[FrameItem], at: float) -> None:
+        """Give `items` their sequence numbers and emission time."""
         with self._cond:
             for item in items:
                 self._seq += 1
                 item.seq = self._seq
-                item.emitted_at = now
+                item.emitted_at = at
 
     def put_nowait(self, items: list[FrameItem]) -> int:
         """Queue as many of `items` as fit; returns how many were taken."""
@@ -187,9 +242,14 @@ class OutputBuffer:
         stopped = False
         flushes = self._flushes, self._discards
         with self._cond:
-            while pending := self._place_locked(pending, drop, flushes):
+            while True:
+                # Asked before placing too: a producer in another process may have
+                # flushed after this emit was sent and before it got here.
                 if should_stop():
                     stopped = True
+                    break
+                pending = self._place_locked(pending, drop, flushes)
+                if not pending:
                     break
                 # A timeout, because should_stop() is a plain flag nobody notifies on.
                 self._cond.wait(timeout=0.05)
@@ -257,14 +317,3 @@ class OutputBuffer:
         """Take everything queued now (tests and shutdown)."""
         while (item := self.take()) is not None:
             yield item
-
-    @staticmethod
-    def _check_fps(fps: float) -> None:
-        if (
-            isinstance(fps, bool)
-            or not isinstance(fps, numbers.Real)
-            or not math.isfinite(fps)
-            or fps <= 0
-        ):
-            raise ValueError(f"fps must be a positive number, got {fps!r}")
-

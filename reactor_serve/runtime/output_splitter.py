@@ -24,7 +24,9 @@ __all__ = ["OutputSplitter"]
 class OutputSplitter:
     """Validates and splits emits for one model's declared output tracks."""
 
-    def __init__(self, tracks: Sequence[TrackDecl]) -> None:
+    def __init__(self, tracks: Sequence[TrackDecl], on_device: bool = False) -> None:
+        # With `on_device`, torch video stays a tensor on its device (see video_batch).
+        self.on_device = on_device
         self.tracks = {t.name: t for t in tracks}
         self.video_tracks = [t.name for t in tracks if t.kind == "video"]
         self._resamplers = {
@@ -55,7 +57,7 @@ class OutputSplitter:
             if value is None:
                 continue
             if self.tracks[name].kind == "video":
-                video[name] = video_batch(value, name)
+                video[name] = video_batch(value, name, self.on_device)
             else:
                 audio[name] = audio_chunk(value, name)
         counts = {name: batch.shape[0] for name, batch in video.items()}

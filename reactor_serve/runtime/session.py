@@ -1,25 +1,28 @@
 """`Session`: one connected client, and the seams a transport plugs into.
 
 A transport (WebRTC, or the in-process `LocalClient`) opens a session on a
-`ModelHost` with a `SessionSink` that receives messages and the end of the session.
-It then drives the session's `EmissionClock` for output, pushes input frames, and
-forwards commands. Everything here is safe to call from the transport's thread.
+`SessionHost` (a `ModelProcess`, or a `ModelHost` running the model in this process)
+with a `SessionSink` that receives messages and the end of the session. It then
+drives the session's `EmissionClock` for output, pushes input frames, and forwards
+commands. Everything here is safe to call from the transport's thread.
 """
 
 from __future__ import annotations
 
+import functools
 import secrets
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
-from reactor_serve.interface.context import SessionContext
 from reactor_serve.interface.messages import ModelMessage, message_payload
 from reactor_serve.runtime.emission_clock import EmissionClock
+from reactor_serve.runtime.output_buffer import OutputBuffer
 
 if TYPE_CHECKING:
-    from reactor_serve.runtime.host import ModelHost
+    from reactor_serve.interface.context import SessionContext
+    from reactor_serve.runtime.model_spec import ModelSpec
 
-__all__ = ["EndReason", "Session", "SessionSink"]
+__all__ = ["EndReason", "Session", "SessionHost", "SessionSink"]
 
 
 class EndReason:
@@ -43,15 +46,63 @@ class SessionSink(Protocol):
         """The session is over (after `sessionEnded` was delivered through `message`)."""
 
 
-class Session:
-    """One live client of a `ModelHost`."""
+class SessionHost(Protocol):
+    """What runs a model and its sessions, as transports use it: a `ModelProcess`, or
+    a `ModelHost` running the model in this process. The frames the model made are
+    queued in `output_buffer`; input and commands reach it through `push_input` and
+    `submit_command`."""
 
-    def __init__(self, host: ModelHost, sink: SessionSink, session_id: str | None = None) -> None:
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    @property
+    def config(self) -> Any:
+        """The config mapping the model's `load()` gets."""
+
+    @property
+    def output_buffer(self) -> OutputBuffer: ...
+
+    @property
+    def healthy(self) -> bool:
+        """Loaded and able to take a session."""
+
+    @property
+    def load_error(self) -> Exception | None:
+        """Why the model is not loaded, if it failed to."""
+
+    @property
+    def model_errors(self) -> int:
+        """Model errors so far that ended a session."""
+
+    def start(self, timeout: float | None = None) -> None:
+        """Load the model; raises ModelLoadError when `load()` fails."""
+
+    def shutdown(self, timeout: float = 15.0) -> None:
+        """End any live session, stop the model."""
+
+    async def open_session(self, sink: SessionSink, session_id: str | None = None) -> Session:
+        """Connect a client (raises SessionBusy while another session is live)."""
+
+    def push_input(self, session: Session, track: str, frame: Any) -> None:
+        """A client frame for input track `track` (raises KeyError for an unknown one)."""
+
+    def submit_command(self, session: Session, name: str, data: Any) -> None:
+        """A client command; a rejected one comes back as `commandError`."""
+
+    async def end_session(self, session: Session, reason: str, detail: str | None = None) -> None:
+        """End `session` and wait until it is cleaned up."""
+
+
+class Session:
+    """One live client of a `SessionHost`."""
+
+    def __init__(self, host: SessionHost, sink: SessionSink, session_id: str | None = None) -> None:
         self.id = session_id or secrets.token_urlsafe(16)
         self.host = host
         self.sink = sink
-        self.clock = EmissionClock(host.output_buffer, host.spec.outputs)
-        self.context = _LiveContext(self)
+        # What `get_ctx()` returns for this session, where the model runs (set by
+        # the `ModelHost`; None on the media side of a model process).
+        self.context: SessionContext | None = None
         self._stopping = threading.Event()
         self.ended = threading.Event()
         self.end_reason: str | None = None
@@ -63,28 +114,42 @@ class Session:
         """True once the session is ending: producers should stop."""
         return self._stopping.is_set()
 
-    def _mark_stopping(self) -> None:
+    def mark_stopping(self) -> None:
+        """The session is ending: its producer stops, its input is dropped."""
         self._stopping.set()
+
+    @functools.cached_property
+    def clock(self) -> EmissionClock:
+        """Paces the host's output buffer to this client (made when a transport
+        first asks: where the model runs in a process of its own, nobody does)."""
+        return EmissionClock(self.host.output_buffer, self.host.spec.outputs)
 
     def push_input(self, track: str, frame: Any) -> None:
         """Deliver a client frame to the model's input track `track`."""
-        buffer = self.host.input_buffers.get(track)
-        if buffer is None:
-            known = ", ".join(self.host.input_buffers) or "none"
-            raise KeyError(f"model has no input track {track!r} (input tracks: {known})")
-        # Frames from a session that is ending, or has ended, are dropped: the buffer
-        # accepts only the session attached to it now (see InputBuffer.attach).
+        known = [t.name for t in self.host.spec.inputs]
+        if track not in known:
+            raise KeyError(
+                f"model has no input track {track!r} (input tracks: {', '.join(known) or 'none'})"
+            )
+        # Frames from a session that is ending, or has ended, are dropped.
         if not self.stopping and not self.ended.is_set():
-            buffer.push(frame, owner=self)
-            self.host._input_arrived()
+            self.host.push_input(self, track, frame)
 
     def command(self, name: str, data: Any = None) -> None:
         """Deliver a client command; a rejected one comes back as `commandError`."""
-        self.host._submit_command(self, name, {} if data is None else data)
+        self.host.submit_command(self, name, {} if data is None else data)
 
     def deliver(self, envelope: dict[str, Any]) -> None:
-        if not self.ended.is_set():
-            self.sink.message(envelope)
+        if self.ended.is_set():
+            return
+        data = envelope.get("data")
+        if (
+            envelope.get("scope") == "runtime"
+            and isinstance(data, dict)
+            and data.get("type") == "commandError"
+        ):
+            self.commands_rejected += 1
+        self.sink.message(envelope)
 
     def send_runtime(self, type_: str, data: dict[str, Any]) -> None:
         self.deliver({"scope": "runtime", "data": {"type": type_, "data": data}})
@@ -112,31 +177,3 @@ class Session:
             "new_frames": self.clock.new_frames,
             "commands_rejected": self.commands_rejected,
         }
-
-
-class _LiveContext(SessionContext):
-    """`get_ctx()` while this session is live."""
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-
-    @property
-    def session_id(self) -> str:
-        return self._session.id
-
-    def should_stop(self) -> bool:
-        return self._session.stopping
-
-    def emit_block(self, frames: Any) -> None:
-        self._session.host._emit_block(self._session, frames)
-
-    def send(self, message: Any) -> None:
-        self._session.send_application(message)
-
-    def disable_monitoring(self) -> None:
-        buffer = self._session.host.output_buffer
-        buffer.rate.set_monitoring(False, buffer.clock())
-
-    def enable_monitoring(self) -> None:
-        buffer = self._session.host.output_buffer
-        buffer.rate.set_monitoring(True, buffer.clock())
