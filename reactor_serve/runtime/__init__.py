@@ -1,7 +1,9 @@
 """The session engine: runs one model instance and its sessions, with paced output.
 
-Transports (WebRTC, the in-process `LocalClient`) plug in through `ModelHost.open_session`
-and the returned `Session`: its `clock` for output, `push_input` and `command` for input.
+A model is served from a `ModelProcess` (its code in a process of its own) or, for
+debugging, a `ModelHost` (on a thread of this process); `hosted_model` picks one.
+Transports (WebRTC, the in-process `LocalClient`) plug in through `open_session` and
+the returned `Session`: its `clock` for output, `push_input` and `command` for input.
 """
 
 from reactor_serve.runtime.driver import LocalClient, ReceivedFrame
@@ -10,9 +12,10 @@ from reactor_serve.runtime.frames import FrameError
 from reactor_serve.runtime.host import ModelHost, ModelLoadError, SessionBusy
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.runtime.manifest import Manifest, ManifestError, load_manifest
+from reactor_serve.runtime.model_process import ModelProcess, hosted_model
 from reactor_serve.runtime.model_spec import CommandSpec, ModelSpec, ModelSpecError, inspect_model
 from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer
-from reactor_serve.runtime.session import EndReason, Session, SessionSink
+from reactor_serve.runtime.session import EndReason, Session, SessionHost, SessionSink
 
 __all__ = [
     "CommandSpec",
@@ -26,6 +29,7 @@ __all__ = [
     "ManifestError",
     "ModelHost",
     "ModelLoadError",
+    "ModelProcess",
     "ModelSpec",
     "ModelSpecError",
     "OutputBuffer",
@@ -33,7 +37,9 @@ __all__ = [
     "ReceivedFrame",
     "Session",
     "SessionBusy",
+    "SessionHost",
     "SessionSink",
+    "hosted_model",
     "inspect_model",
     "load_manifest",
 ]

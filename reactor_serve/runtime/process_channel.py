@@ -1,0 +1,124 @@
+"""`ProcessChannel`: the pipe between the media process and its model process.
+
+Messages are small tuples, `(op, *args)`, pickled over a Unix socket pair; frames
+never travel in them (they are in shared memory, see `frame_ring`), only their slot
+references, and the descriptor of each new ring rides the same socket (SCM_RIGHTS)
+right after the message that announces it. Sends come from several threads on both
+sides (the model's loop and threads, the reader, finalizers releasing slots), so one
+lock keeps each message, and a ring's announcement with its descriptor, whole.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from reactor_serve.runtime.frame_ring import (
+    FrameReader,
+    RingAnnouncement,
+    receive_announcement,
+    send_announcement,
+)
+
+__all__ = ["ChannelClosed", "ProcessChannel", "channel_pair"]
+
+
+class ChannelClosed(EOFError):
+    """The other process closed its end (it exited, or was killed)."""
+
+
+class ProcessChannel:
+    """One end of the pipe. `send` is thread-safe; `receive` is for one reader thread."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._send_lock = threading.Lock()
+        self.closed = False
+        self._later: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._later_sender: threading.Thread | None = None
+        self._later_lock = threading.Lock()
+
+    @classmethod
+    def from_fd(cls, fd: int) -> ProcessChannel:
+        """The end whose socket descriptor this process inherited."""
+        return cls(Connection(fd))
+
+    def fileno(self) -> int:
+        return self._connection.fileno()
+
+    def send(self, *message: Any) -> bool:
+        """Send `(op, *args)`; False when the other end is gone (nothing raised: a
+        finalizer or the model's emit must not fail because the peer died)."""
+        if self.closed:
+            return False
+        try:
+            with self._send_lock:
+                self._connection.send(message)
+            return True
+        except (OSError, ValueError, EOFError):
+            return False
+
+    def send_later(self, *message: Any) -> None:
+        """Send `(op, *args)` from a thread of the channel's own. For finalizers: one
+        may run on a thread that is inside `send` (the garbage collector runs
+        anywhere), which would wait for its own lock for ever."""
+        self._later.put(message)
+        if self._later_sender is None:
+            with self._later_lock:
+                if self._later_sender is None:
+                    self._later_sender = threading.Thread(
+                        target=self._send_queued, name="reactor-channel-sender", daemon=True
+                    )
+                    self._later_sender.start()
+
+    def _send_queued(self) -> None:
+        while (message := self._later.get()) is not None:
+            self.send(*message)
+
+    def send_ring(self, announcement: RingAnnouncement) -> bool:
+        """Announce a new ring; its descriptor follows the message on the socket."""
+        if self.closed:
+            return False
+        try:
+            with self._send_lock:
+                send_announcement(self._connection, announcement)
+            return True
+        except (OSError, ValueError, EOFError):
+            return False
+
+    def poll(self, timeout: float) -> bool:
+        try:
+            return self._connection.poll(timeout)
+        except (OSError, ValueError, EOFError):
+            return True  # the next receive reports the closed end
+
+    def receive(self, reader: FrameReader) -> tuple[Any, ...]:
+        """The next message. A ring announcement is attached to `reader` here, so a
+        slot reference that follows it always finds its ring."""
+        while True:
+            try:
+                message = self._connection.recv()
+                if isinstance(message, RingAnnouncement):
+                    reader.attach(receive_announcement(self._connection, message))
+                    continue
+            except (OSError, EOFError, ValueError) as exc:
+                raise ChannelClosed(str(exc) or "the other process closed the channel") from exc
+            return message
+
+    def close(self) -> None:
+        self.closed = True
+        self._later.put(None)
+        try:
+            self._connection.close()
+        except OSError:
+            pass
+
+
+def channel_pair() -> tuple[ProcessChannel, socket.socket]:
+    """This process's end, and the socket to hand to the child (inheritable)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    theirs.set_inheritable(True)
+    return ProcessChannel(Connection(ours.detach())), theirs

@@ -1,0 +1,44 @@
+# A model that dies on request, each way a model process can die: a segfault in
+# native code, os._exit, a SIGKILL as the out-of-memory killer sends, an exception in
+# a handler. Its load() fails while the file named by config["fail_load_if"] exists,
+# so a test can make the reloads after a crash fail, then let them succeed again.
+# Frames carry torch tensors, so their crossing into shared memory is exercised too.
+import ctypes
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from reactor_runtime.interface import ReactorPipeline, event
+
+
+class Crashing(ReactorPipeline):
+    fps = 30
+    buffer_size = 4
+
+    def load(self, config):
+        marker = config.get("fail_load_if")
+        if marker and Path(marker).exists():
+            raise RuntimeError(f"simulated load failure ({marker} exists)")
+        self.count = 0
+
+    @event(name="crash", description="Die in the way named")
+    def crash(self, how: str = "segfault"):
+        if how == "segfault":
+            ctypes.string_at(0)
+        elif how == "exit":
+            os._exit(3)
+        elif how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            raise RuntimeError(f"simulated handler failure: {how}")
+
+    def inference(self):
+        while True:
+            self.count += 1
+            frame = torch.full((48, 64, 3), self.count % 256, dtype=torch.uint8)
+            frame[0, 0, 0] = 7  # a mark the test checks for
+            time.sleep(0.01)
+            yield frame

@@ -1,0 +1,333 @@
+"""The model in a process of its own: crash isolation, restarts, health, shared memory
+that never outlives anything, and media that keeps its pace while the model holds
+its GIL. Real child processes throughout."""
+
+import asyncio
+import gc
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import connected
+from reactor_serve.runtime.host import ModelLoadError
+from reactor_serve.runtime.model_process import ModelProcess, describe_exit, hosted_model
+
+MODELS = Path(__file__).parent / "process_models"
+REFERENCE = Path(__file__).parent / "reference_models"
+
+
+def _memfd_maps(pid="self"):
+    """Our shared-memory mappings in a process (rings are memfds named reactor-*)."""
+    try:
+        text = Path(f"/proc/{pid}/maps").read_text()
+    except FileNotFoundError:
+        return []
+    return [line for line in text.splitlines() if "memfd:reactor-" in line]
+
+
+def _dev_shm():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _copy_model(tmp_path, name, config=None):
+    target = tmp_path / name
+    shutil.copytree(MODELS / name, target)
+    if config is not None:
+        manifest = (target / "reactor.yaml").read_text()
+        (target / "reactor.yaml").write_text(manifest + "config: " + json.dumps(config) + "\n")
+    return target
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes (its parent has not reaped it yet).
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def _wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def process_of():
+    started = []
+
+    def start(path, **attributes):
+        process = ModelProcess(path)
+        for name, value in attributes.items():
+            setattr(process, name, value)
+        process.start(timeout=60)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.shutdown()
+
+
+@pytest.mark.parametrize(
+    "how, says",
+    [
+        ("segfault", "was killed by SIGSEGV (signal 11)"),
+        ("exit", "exited with code 3"),
+        ("kill", "was killed by SIGKILL (signal 9)"),
+    ],
+)
+def test_a_dying_model_process_ends_the_session_with_how_it_died_and_the_next_session_works(
+    tmp_path, process_of, how, says
+):
+    model = process_of(_copy_model(tmp_path, "crashing"), RESTART_BACKOFF_S=(0.05,))
+    first_pid = model.pid
+
+    async def scenario():
+        async with connected(model) as client:
+            frame = await client.next_frame()
+            assert frame.image[0, 0, 0] == 7  # a torch tensor from the model process
+            client.send_command("crash", {"how": how})
+            assert await client.wait_closed(timeout=20) == "error"
+            assert says in client.end_detail
+            ended = await client.next_message("sessionEnded", scope="runtime", after=0)
+            assert ended["data"] == {"reason": "error", "message": client.end_detail}
+        # The replica stayed healthy through the restart, and the next session works.
+        assert model.healthy
+        async with connected(model) as client:
+            frame = await client.next_frame(timeout=30)
+            assert frame.image[0, 0, 0] == 7
+            assert client.session.stats()["new_frames"] >= 1
+
+    asyncio.run(scenario())
+    assert model.pid != first_pid and not _alive(first_pid)
+    assert model.crashes == 1 and model.model_errors == 1
+
+
+def test_an_exception_in_a_handler_ends_only_the_session(tmp_path, process_of):
+    model = process_of(_copy_model(tmp_path, "crashing"))
+    pid = model.pid
+
+    async def scenario():
+        async with connected(model) as client:
+            await client.next_frame()
+            client.send_command("crash", {"how": "raise"})
+            assert await client.wait_closed(timeout=20) == "error"
+            assert "simulated handler failure: raise" in client.end_detail
+        async with connected(model) as client:
+            await client.next_frame()
+
+    asyncio.run(scenario())
+    assert model.pid == pid and model.crashes == 0 and model.model_errors == 1
+
+
+def test_a_model_that_keeps_failing_to_load_turns_unhealthy_with_the_reason_and_recovers(
+    tmp_path, process_of
+):
+    marker = tmp_path / "fail-load"
+    model = process_of(
+        _copy_model(tmp_path, "crashing", {"fail_load_if": str(marker)}),
+        RESTART_BACKOFF_S=(0.05,),
+    )
+    marker.write_text("now")
+
+    async def crash():
+        async with connected(model) as client:
+            await client.next_frame()
+            client.send_command("crash", {"how": "exit"})
+            await client.wait_closed(timeout=20)
+
+    asyncio.run(crash())
+    _wait_until(lambda: not model.healthy, 30, "the host to turn unhealthy")
+    assert "simulated load failure" in str(model.load_error)
+    assert "RuntimeError" in model.load_error.traceback
+    marker.unlink()
+    _wait_until(lambda: model.healthy, 30, "the host to load again")
+
+    async def works():
+        async with connected(model) as client:
+            await client.next_frame(timeout=30)
+
+    asyncio.run(works())
+
+
+def test_a_failing_first_load_raises_with_the_models_traceback_and_leaves_no_process(tmp_path):
+    marker = tmp_path / "fail-load"
+    marker.write_text("now")
+    model = ModelProcess(_copy_model(tmp_path, "crashing", {"fail_load_if": str(marker)}))
+    with pytest.raises(ModelLoadError, match="simulated load failure") as raised:
+        model.start(timeout=60)
+    assert "Crashing.load(config) raised RuntimeError" in str(raised.value)
+    assert "pipeline.py" in raised.value.traceback
+    assert not model.healthy and model.pid is None
+    model.shutdown()
+
+
+def test_no_shared_memory_is_left_after_sessions_a_crash_and_shutdown(tmp_path):
+    before = _dev_shm()
+    gc.collect()
+    # Other tests in this process may still hold frames of their own models.
+    mapped_before = set(_memfd_maps())
+    model = ModelProcess(_copy_model(tmp_path, "crashing"))
+    model.RESTART_BACKOFF_S = (0.05,)
+    model.start(timeout=60)
+
+    async def scenario():
+        for _ in range(2):
+            async with connected(model) as client:
+                for _ in range(10):
+                    await client.next_frame()
+        async with connected(model) as client:
+            await client.next_frame()
+            client.send_command("crash", {"how": "kill"})
+            await client.wait_closed(timeout=20)
+        async with connected(model) as client:
+            await client.next_frame(timeout=30)
+
+    asyncio.run(scenario())
+    assert _memfd_maps(model.pid), "the frames should cross in memfd rings"
+    model.shutdown()
+    gc.collect()
+    assert set(_memfd_maps()) <= mapped_before
+    assert _dev_shm() == before
+
+
+def test_the_model_process_dies_with_a_killed_replica_and_leaves_no_shared_memory(tmp_path):
+    before = _dev_shm()
+    model_dir = _copy_model(tmp_path, "crashing")
+    # A replica stand-in: starts the model, holds frames, prints the model's pid.
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from conftest import connected
+        from reactor_serve.runtime.model_process import ModelProcess
+        model = ModelProcess({str(model_dir)!r})
+        model.start(timeout=60)
+        async def main():
+            async with connected(model) as client:
+                await client.next_frame()
+                print(model.pid, flush=True)
+                await asyncio.sleep(3600)
+        asyncio.run(main())
+        """
+    )
+    replica = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child_pid = int(replica.stdout.readline())
+        assert _memfd_maps(child_pid) and _memfd_maps(replica.pid)
+        replica.send_signal(signal.SIGKILL)
+        replica.wait(10)
+        _wait_until(lambda: not _alive(child_pid), 10, "the model process to die with its parent")
+    finally:
+        replica.kill()
+        replica.wait()
+    assert _dev_shm() == before
+
+
+def test_a_model_holding_the_gil_does_not_stop_the_media_clock(tmp_path, process_of):
+    # Each forward pass holds the model process's GIL for 1.2 s. In one process the
+    # media loop would present nothing for that long; here it keeps presenting at
+    # its own pace.
+    model = process_of(_copy_model(tmp_path, "gil_holding"))
+
+    async def scenario():
+        async with connected(model) as client:
+            await client.next_frame(timeout=30)
+            start = len(client.frames)
+            await asyncio.sleep(3.0)
+            times = [f.presented_at for f in list(client.frames)[start:]]
+        return times
+
+    times = asyncio.run(scenario())
+    gaps = np.diff(times)
+    # The clock paces at the production rate: 12 frames per 1.2 s pass, 10 fps.
+    assert len(times) > 20
+    assert gaps.max() < 0.3, f"the clock stalled for {gaps.max():.3f} s"
+
+
+def test_input_frames_commands_and_messages_cross_to_the_model_process(process_of):
+    model = process_of(REFERENCE / "v2v")
+    spec = model.spec
+    track = spec.inputs[0].name
+
+    async def feed(client, value, stop):
+        frame = np.full((48, 64, 3), value, np.uint8)
+        while not stop.is_set():
+            client.send_frame(track, frame)
+            await asyncio.sleep(0.02)
+
+    async def shows(client, value):
+        for _ in range(100):
+            out = await client.next_frame(timeout=20)
+            if int(out.image[10, 10, 0]) == value:
+                return
+        raise AssertionError(f"the model never showed {value}")
+
+    async def scenario():
+        async with connected(model) as client:
+            stop = asyncio.Event()
+            feeder = asyncio.create_task(feed(client, 200, stop))
+            await shows(client, 200)  # the camera frame, styled "none"
+            client.send_command("set_style", {"style": "sketch"})
+            await shows(client, 55)  # inverted by the handler's new style
+            client.send_command("set_style", {"style": "watercolour"})
+            error = await client.next_message("commandError", scope="runtime")
+            assert error["data"]["command"] == "set_style"
+            assert client.session.stats()["commands_rejected"] == 1
+            stop.set()
+            await feeder
+
+    asyncio.run(scenario())
+    assert model.inputs_dropped == 0
+
+
+def test_in_process_mode_runs_the_model_on_a_thread_for_debuggers(monkeypatch):
+    from reactor_serve.runtime.host import ModelHost
+
+    monkeypatch.setenv("REACTOR_IN_PROCESS", "1")
+    assert isinstance(hosted_model(REFERENCE / "generator"), ModelHost)
+    monkeypatch.setenv("REACTOR_IN_PROCESS", "0")
+    assert isinstance(hosted_model(REFERENCE / "generator"), ModelProcess)
+    assert isinstance(hosted_model(REFERENCE / "generator", in_process=True), ModelHost)
+
+
+def test_exits_are_described_for_people():
+    assert describe_exit(0) == "exited with code 0"
+    assert describe_exit(-11) == "was killed by SIGSEGV (signal 11)"
+    assert describe_exit(-9).startswith("was killed by SIGKILL (signal 9): the kernel's out-of-memory")
+    assert describe_exit(-200) == "was killed by signal 200"
+
+
+def test_cuda_tensors_cross_with_one_device_to_host_copy(tmp_path, process_of):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine: the CUDA frame path is checked on a GPU host")
+    model_dir = _copy_model(tmp_path, "crashing")
+    source = (model_dir / "pipeline.py").read_text()
+    (model_dir / "pipeline.py").write_text(
+        source.replace("dtype=torch.uint8)", "dtype=torch.uint8, device='cuda')")
+    )
+    model = process_of(model_dir)
+
+    async def scenario():
+        async with connected(model) as client:
+            frame = await client.next_frame(timeout=30)
+            assert frame.image[0, 0, 0] == 7 and frame.image.shape == (48, 64, 3)
+
+    asyncio.run(scenario())
