@@ -75,6 +75,7 @@ def _add_check(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--seconds", type=float, default=3.0, help="how long to run the session (default 3)"
     )
+    _add_in_process(parser)
     parser.set_defaults(handler=_cmd_check)
 
 
@@ -83,9 +84,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
     import json
 
     from reactor_serve.runtime.driver import LocalClient
-    from reactor_serve.runtime.host import ModelHost, ModelLoadError
+    from reactor_serve.runtime.host import ModelLoadError
+    from reactor_serve.runtime.model_process import hosted_model
 
-    host = ModelHost.from_manifest(args.path)
+    host = hosted_model(args.path, args.in_process or None)
     spec = host.spec
     print(f"model {spec.name} ({spec.cls.__qualname__}, {spec.kind})")
     for track in spec.outputs:
@@ -159,7 +161,17 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="require this token: 'Authorization: Bearer T' or the URL prefix /t/T/",
     )
+    _add_in_process(parser)
     parser.set_defaults(handler=_cmd_run)
+
+
+def _add_in_process(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the model on a thread of this process instead of a process of its "
+        "own, to debug it with a debugger (also: REACTOR_IN_PROCESS=1)",
+    )
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -176,7 +188,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # aioice leaves out of its candidates unless told otherwise.
     override = {"loopback_candidates": True} if is_loopback_host(args.host) else None
     try:
-        app = create_app(args.path, settings_override=override, auth_token=args.token)
+        app = create_app(
+            args.path,
+            settings_override=override,
+            auth_token=args.token,
+            in_process=args.in_process or None,
+        )
     except WebRTCSettingsError as exc:
         raise CommandError(str(exc)) from exc
     host = app.state.host

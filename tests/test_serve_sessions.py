@@ -205,3 +205,29 @@ async def test_session_lists_need_the_operator_token_and_mask_ids(ray_serve):
     finally:
         await client.close()
         ray_serve.delete("ops")
+
+
+async def test_a_crashing_model_process_ends_the_session_and_the_same_replica_serves_the_next(
+    ray_serve,
+):
+    url = ray_serve.deploy("crash", {"operator_token": "op", "models": [
+        {"path": "tests/process_models/crashing", "min_replicas": 1, "max_replicas": 1,
+         "warm_spares": 0, "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}}]})
+    model = f"{url}/models/crashing"
+    try:
+        before = replica_actors("crash", "model-crashing")
+        victim = await connect(model)
+        await victim.next_frame()
+        victim.send_command("crash", {"how": "segfault"})
+        await victim.wait_closed(timeout=30)
+        assert victim.end_reason == "error"
+        assert "the model process was killed by SIGSEGV" in victim.end_message
+        # The replica stayed up (it reloads the model in a new process) and serves.
+        survivor = await connect(model)
+        assert (await survivor.next_frame()).image.shape == (48, 64, 3)
+        await survivor.close()
+        await victim.close()
+        assert replica_actors("crash", "model-crashing") == before
+        assert replica_states("crash", "model-crashing") == {"RUNNING": 1}
+    finally:
+        ray_serve.delete("crash")

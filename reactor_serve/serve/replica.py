@@ -27,7 +27,7 @@ import logging
 import time
 from typing import Any, AsyncIterator
 
-from reactor_serve.runtime.host import ModelHost
+from reactor_serve.runtime.model_process import hosted_model
 from reactor_serve.runtime.session import EndReason
 from reactor_serve.serve import metrics
 from reactor_serve.serve.session_directory import SessionDirectory
@@ -66,7 +66,12 @@ class ModelReplica:
         admission_timeout_s: float = 60.0,
     ) -> None:
         self.model_name = model_name
-        self.host = ModelHost.from_manifest(model_dir)
+        self._identity = _replica_identity()
+        # The model runs in a process of its own (REACTOR_IN_PROCESS=1 keeps it on a
+        # thread of the replica, for debugging): a crash there ends the live session
+        # and restarts the model, and the replica stays up. That process is no Ray
+        # worker, so it is told where it runs.
+        self.host = hosted_model(model_dir, env=_model_process_env(self._identity))
         # A failing load raises here: Serve reports the replica's constructor error
         # (with the model's traceback) and admits no session.
         self.host.start()
@@ -77,7 +82,6 @@ class ModelReplica:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._metrics = metrics.ReplicaMetrics(model_name)
         self._metrics.live.set(0)
-        self._identity = _replica_identity()
         self._directory = SessionDirectory(self._identity["app"]) if self._identity else None
         if self._directory is not None:
             # What the ingress needs to know of this model, published by the model
@@ -88,9 +92,12 @@ class ModelReplica:
             })
 
     def check_health(self) -> None:
-        """Serve's health check: fails once the model thread is gone."""
+        """Serve's health check: fails once the model cannot run (it keeps failing to
+        load after a crash, or its thread is gone), so Serve replaces the replica."""
         if not self.host.healthy:
-            raise RuntimeError(f"model {self.model_name!r}: the model thread is not running")
+            error = self.host.load_error
+            why = f"it failed to load: {error}" if error is not None else "it is not running"
+            raise RuntimeError(f"model {self.model_name!r}: {why}")
 
     # ---- the slot ---------------------------------------------------------------
 
@@ -337,6 +344,14 @@ def _replica_identity() -> dict[str, Any] | None:
         }
     except Exception:
         return None
+
+
+def _model_process_env(identity: dict[str, Any] | None) -> dict[str, str]:
+    """What the model process learns of its replica: `REACTOR_RAY_NODE_ID`,
+    `REACTOR_REPLICA_ID` (its GPUs it sees as CUDA does, in CUDA_VISIBLE_DEVICES)."""
+    if identity is None:
+        return {}
+    return {"REACTOR_RAY_NODE_ID": identity["node_id"], "REACTOR_REPLICA_ID": identity["replica_id"]}
 
 
 def _deployment_max_replicas() -> int | None:

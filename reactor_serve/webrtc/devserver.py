@@ -1,6 +1,6 @@
-"""`reactor run`: one model, in this process, behind the session HTTP API.
+"""`reactor run`: one model, served from this process, behind the session HTTP API.
 
-`LocalBackend` runs the sessions of one `ModelHost` (the `SessionBackend` contract of
+`LocalBackend` runs the sessions of one `SessionHost` (the `SessionBackend` contract of
 webrtc/backend.py): one live session at a time, as the host allows; an orphaned
 session counts as live until its client reconnects or its grace ends. Serve replicas
 use the same class for their one slot. `create_app` wraps it in a FastAPI app that loads the model at
@@ -52,7 +52,7 @@ from reactor_serve.webrtc.web_page import (
 )
 
 if TYPE_CHECKING:
-    from reactor_serve.runtime.host import ModelHost
+    from reactor_serve.runtime.session import SessionHost
     from reactor_serve.webrtc.peer import PeerSession
 
 __all__ = ["LocalBackend", "ModelUnavailable", "NegotiationFailed", "create_app"]
@@ -109,7 +109,8 @@ class _Slot:
 
 
 class LocalBackend:
-    """A `SessionBackend` for one in-process `ModelHost`: one live session at a time.
+    """A `SessionBackend` for one `SessionHost` (the model in its own process, or in
+    this one): one live session at a time.
 
     An orphaned session is live: it holds the model (and its state) until its client
     reconnects or the grace ends, so a new session meanwhile gets 409 with a
@@ -130,7 +131,7 @@ class LocalBackend:
 
     def __init__(
         self,
-        host: ModelHost,
+        host: SessionHost,
         settings: WebRTCSettings,
         *,
         offer_timeout_s: float = 30.0,
@@ -537,8 +538,12 @@ def create_app(
     *,
     settings_override: dict[str, Any] | None = None,
     auth_token: str | None = None,
+    in_process: bool | None = None,
 ) -> FastAPI:
     """A FastAPI app serving the model in `model_dir` at the root.
+
+    The model runs in a process of its own unless `in_process` (default: the
+    `REACTOR_IN_PROCESS` environment variable) asks for a thread of this one.
 
     The manifest and the model class are read here (errors surface at once); the
     model is loaded at startup unless `app.state.host` was started before, and shut
@@ -546,9 +551,10 @@ def create_app(
     logged and the ModelLoadError kept in `app.state.load_error`.
     """
     from reactor_serve import __version__
-    from reactor_serve.runtime.host import ModelHost, ModelLoadError
+    from reactor_serve.runtime.host import ModelLoadError
+    from reactor_serve.runtime.model_process import hosted_model
 
-    host = ModelHost.from_manifest(model_dir)
+    host = hosted_model(model_dir, in_process)
     settings = _settings(host.config, settings_override, source=f"{model_dir}")
     backend = LocalBackend(host, settings)
     name = host.spec.name

@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable
 from aiortc import RTCDataChannel, RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
 from aiortc.sdp import SessionDescription
 
-from reactor_serve.runtime.host import ModelHost
+from reactor_serve.runtime.session import SessionHost
 from reactor_serve.runtime.session import EndReason, Session
 from reactor_serve.webrtc import data_channel, ice_candidates, protocol
 from reactor_serve.webrtc.backend import BackendError, OfferRejected, SessionState, UnknownSession
@@ -86,7 +86,7 @@ class PeerSession:
 
     def __init__(
         self,
-        host: ModelHost,
+        host: SessionHost,
         settings: WebRTCSettings,
         session_id: str | None = None,
         on_end: Callable[[PeerSession], None] | None = None,

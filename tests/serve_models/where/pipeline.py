@@ -1,5 +1,5 @@
 """Tells its client where it runs: the file its code was loaded from, the working dir,
-the Ray node and the GPUs Ray gave it. The cluster tests read it to prove that the
+the Ray node and the GPUs Ray gave its replica. The cluster tests read it to prove that the
 model's code travelled with the application and that it landed on a GPU worker node."""
 
 import asyncio
@@ -27,13 +27,11 @@ class Where(ReactorModel):
 
     @connected
     async def on_connect(self):
-        import ray
-
-        context = ray.get_runtime_context()
         await self.send({
             "type": "where",
             "file": os.path.abspath(__file__),
             "cwd": os.getcwd(),
-            "node_id": context.get_node_id(),
-            "gpu_ids": [str(gpu) for gpu in ray.get_gpu_ids()],
+            # The replica tells its model process which Ray node it is on.
+            "node_id": os.environ["REACTOR_RAY_NODE_ID"],
+            "gpu_ids": [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g],
         })
