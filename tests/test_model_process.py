@@ -136,6 +136,25 @@ def test_an_exception_in_a_handler_ends_only_the_session(tmp_path, process_of):
     assert model.pid == pid and model.crashes == 0 and model.model_errors == 1
 
 
+def test_a_model_stuck_in_a_forward_pass_is_restarted_when_its_session_cannot_end(
+    tmp_path, process_of
+):
+    model = process_of(_copy_model(tmp_path, "crashing"), END_WAIT_S=1.0, RESTART_BACKOFF_S=(0.05,))
+    stuck_pid = model.pid
+
+    async def scenario():
+        async with connected(model) as client:
+            await client.next_frame()
+            client.send_command("crash", {"how": "hang"})
+            await asyncio.sleep(0.5)
+        assert client.end_reason == "client_closed"
+        async with connected(model) as client:
+            await client.next_frame(timeout=30)
+
+    asyncio.run(scenario())
+    assert not _alive(stuck_pid) and model.pid != stuck_pid
+
+
 def test_a_model_that_keeps_failing_to_load_turns_unhealthy_with_the_reason_and_recovers(
     tmp_path, process_of
 ):

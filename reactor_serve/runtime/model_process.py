@@ -320,12 +320,22 @@ class ModelProcess:
         model is not loaded (a restarting one is waited for, up to OPEN_WAIT_S)."""
         if not self.healthy:
             raise RuntimeError(f"model {self.spec.name!r} is not loaded")
-        if not self._ready.is_set():
-            ready = await asyncio.to_thread(self._ready.wait, self.OPEN_WAIT_S)
-            if not ready:
-                raise RuntimeError(f"model {self.spec.name!r} is restarting; try again")
-        child = self._child
-        assert child is not None
+        for _ in range(2):
+            if not self._ready.is_set():
+                ready = await asyncio.to_thread(self._ready.wait, self.OPEN_WAIT_S)
+                if not ready:
+                    raise RuntimeError(f"model {self.spec.name!r} is restarting; try again")
+            child = self._child
+            assert child is not None
+            session = await self._open_on(child, sink, session_id)
+            if session is not None:
+                return session
+            # The model process died while the session opened: the next one takes it.
+        raise RuntimeError(f"model {self.spec.name!r}: the model process keeps dying")
+
+    async def _open_on(
+        self, child: _Child, sink: SessionSink, session_id: str | None
+    ) -> Session | None:
         session = Session(self, sink, session_id)
         answer: concurrent.futures.Future[tuple[str, str | None]] = concurrent.futures.Future()
         with self._lock:
@@ -343,6 +353,8 @@ class ModelProcess:
             raise SessionBusy(detail)
         if outcome == "error":
             self._forget(session)
+            if child.dead:
+                return None
             raise RuntimeError(f"model {self.spec.name!r}: {detail}")
         return session
 
@@ -360,8 +372,15 @@ class ModelProcess:
         try:
             await asyncio.wait_for(asyncio.wrap_future(ended), self.END_WAIT_S)
         except asyncio.TimeoutError:
-            log.error("session %s: the model did not end it in %.0f s", session.id, self.END_WAIT_S)
+            # The model is stuck (a forward pass that never returns, a deadlock): it
+            # would hold the session, and refuse every next one, for ever.
+            log.error(
+                "model %s did not end session %s within %.0f s: restarting its process",
+                self.spec.name, session.id, self.END_WAIT_S,
+            )
             self._abandon(session, reason, detail)
+            self._ready.clear()  # the next session waits for the new process
+            child.process.kill()
 
     def push_input(self, session: Session, track: str, frame: Any) -> None:
         """A client frame, written once into the model's input ring (dropped, and

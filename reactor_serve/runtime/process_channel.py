@@ -10,6 +10,8 @@ lock keeps each message, and a ring's announcement with its descriptor, whole.
 
 from __future__ import annotations
 
+import logging
+import pickle
 import queue
 import socket
 import threading
@@ -24,6 +26,8 @@ from reactor_serve.runtime.frame_ring import (
 )
 
 __all__ = ["ChannelClosed", "ProcessChannel", "channel_pair"]
+
+log = logging.getLogger("reactor_serve.runtime")
 
 
 class ChannelClosed(EOFError):
@@ -55,8 +59,16 @@ class ProcessChannel:
         if self.closed:
             return False
         try:
+            # Pickled before the lock: a value that cannot cross (a model's message
+            # holding a lock, say) fails alone, with nothing half-written.
+            data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            log.error("%r cannot cross to the other process (%s: %s): dropped",
+                      message[0] if message else message, type(exc).__name__, exc)
+            return False
+        try:
             with self._send_lock:
-                self._connection.send(message)
+                self._connection.send_bytes(data)
             return True
         except (OSError, ValueError, EOFError):
             return False

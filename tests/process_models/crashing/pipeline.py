@@ -23,6 +23,7 @@ class Crashing(ReactorPipeline):
         if marker and Path(marker).exists():
             raise RuntimeError(f"simulated load failure ({marker} exists)")
         self.count = 0
+        self.hang = False
 
     @event(name="crash", description="Die in the way named")
     def crash(self, how: str = "segfault"):
@@ -32,6 +33,8 @@ class Crashing(ReactorPipeline):
             os._exit(3)
         elif how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif how == "hang":
+            self.hang = True
         else:
             raise RuntimeError(f"simulated handler failure: {how}")
 
@@ -41,4 +44,6 @@ class Crashing(ReactorPipeline):
             frame = torch.full((48, 64, 3), self.count % 256, dtype=torch.uint8)
             frame[0, 0, 0] = 7  # a mark the test checks for
             time.sleep(0.01)
+            while self.hang:  # a forward pass that never returns
+                time.sleep(1)
             yield frame
