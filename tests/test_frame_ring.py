@@ -1,6 +1,7 @@
 """The shared-memory frame ring between real processes: frames written once by one
-process are read as views by another, slots come back when views die, rings are
-re-made on shape changes and exhaustion, and no memory outlives the processes."""
+process are read as views by another, slots come back (through the ring's slot
+states, with no message) when views die, rings are re-made on shape changes and
+exhaustion, and no memory outlives the processes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -76,8 +78,7 @@ class _Pipe:
     def __init__(self, slots: int, max_bytes: int = 1 << 30) -> None:
         self.name = _unique_name()
         self.writer = FrameWriter(self.name, slots, max_bytes)
-        self.released: list[tuple[int, int]] = []
-        self.reader = FrameReader(lambda generation, index: self.released.append((generation, index)))
+        self.reader = FrameReader()
         left, right = socket.socketpair()
         self.sending = Connection(left.detach())
         self.receiving = Connection(right.detach())
@@ -112,10 +113,10 @@ class _Pipe:
         return self.receive()
 
     def give_back(self) -> None:
-        """What the lead's reader thread does: the writer learns of each release."""
+        """Dead views free their slots in the ring's states; the writer unmaps the
+        superseded rings they emptied (as its next write would)."""
         gc.collect()
-        while self.released:
-            self.writer.release(*self.released.pop(0))
+        self.writer.reclaim()
 
     def close(self) -> None:
         self.writer.close()
@@ -211,9 +212,12 @@ while True:
         if announcement is not None:
             send_announcement(conn, announcement)
         conn.send(ref)
-    elif command[0] == "release":
-        writer.release(command[1], command[2])
+    elif command[0] == "free":
+        # What the reader freed in the slot states; no release ever arrives here.
+        writer.reclaim()
         conn.send(writer.free_slots())
+    else:
+        conn.send(("unexpected", command))
 """
 
 
@@ -231,8 +235,7 @@ class _ChildWriter:
         )
         theirs.close()
         self.conn = Connection(ours.detach())
-        self.released: list[tuple[int, int]] = []
-        self.reader = FrameReader(lambda generation, index: self.released.append((generation, index)))
+        self.reader = FrameReader()
 
     def write(self, shape, seed: int) -> np.ndarray | None:
         self.conn.send(("write", shape, seed))
@@ -244,14 +247,12 @@ class _ChildWriter:
             message = self.conn.recv()
         return self.reader.view(message)
 
-    def give_back(self) -> int | None:
-        """Forward the releases so far; the child's free slots after them."""
+    def free_slots(self) -> int:
+        """The child's free slots, once our dead views are collected: it learns of
+        them from the slot states alone."""
         gc.collect()
-        free = None
-        while self.released:
-            self.conn.send(("release", *self.released.pop(0)))
-            free = self.conn.recv()
-        return free
+        self.conn.send(("free",))
+        return self.conn.recv()
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -276,14 +277,14 @@ def child_writer():
 def test_a_child_writes_and_views_hold_slots_until_they_die(child_writer):
     shape = (120, 160, 3)
     slot = math.ceil(math.prod(shape) / mmap.PAGESIZE) * mmap.PAGESIZE
-    child = child_writer(slots=2, max_bytes=2 * slot)  # no room to grow
+    child = child_writer(slots=2, max_bytes=2 * slot + mmap.PAGESIZE)  # no room to grow
 
     first = child.write(shape, 1)
     second = child.write(shape, 2)
     assert child.write(shape, 3) is None  # both slots are held by our views
 
     del first
-    assert child.give_back() == 1
+    assert child.free_slots() == 1
     third = child.write(shape, 3)
     assert third is not None
     # The slot that came back was the first one's; the second's is untouched.
@@ -295,18 +296,18 @@ def test_a_child_writes_and_views_hold_slots_until_they_die(child_writer):
 
     derived = [second[10:20], third.reshape(-1, 3), torch.from_numpy(third[::2])]
     del second, third
-    assert child.give_back() is None and child.write(shape, 4) is None
+    assert child.free_slots() == 0 and child.write(shape, 4) is None
     np.testing.assert_array_equal(derived[0], _pattern(shape, np.uint8, 2)[10:20])
     np.testing.assert_array_equal(derived[2].numpy(), _pattern(shape, np.uint8, 3)[::2])
 
     del derived[0]
-    assert child.give_back() == 1
+    assert child.free_slots() == 1
     fourth = child.write(shape, 4)
     np.testing.assert_array_equal(fourth, _pattern(shape, np.uint8, 4))
     del derived[0]
-    assert child.give_back() is None  # the torch tensor still holds the third's slot
+    assert child.free_slots() == 0  # the torch tensor still holds the third's slot
     derived.clear()
-    assert child.give_back() == 1
+    assert child.free_slots() == 1
 
 
 def test_shape_change_and_exhaustion_make_new_generations(pipe):
@@ -342,7 +343,7 @@ def test_shape_change_and_exhaustion_make_new_generations(pipe):
 
 def test_write_returns_none_when_max_bytes_forbids_a_new_ring(pipe):
     page = mmap.PAGESIZE
-    ring = pipe(slots=2, max_bytes=3 * page)  # room for one ring of 2 one-page slots
+    ring = pipe(slots=2, max_bytes=3 * page)  # room for one ring: 2 one-page slots, 1 of states
     held = [ring.round_trip(np.full(page, seed, np.uint8)) for seed in (1, 2)]
     assert ring.writer.free_slots() == 0
     assert ring.writer.write(np.zeros(page, np.uint8)) is None
@@ -354,7 +355,7 @@ def test_write_returns_none_when_max_bytes_forbids_a_new_ring(pipe):
     np.testing.assert_array_equal(held[0], np.full(page, 2))
 
     with pytest.raises(ValueError, match="max_bytes"):
-        ring.writer.write(np.zeros(2 * page, np.uint8))  # 2 slots of 2 pages > 3 pages
+        ring.writer.write(np.zeros(2 * page, np.uint8))  # 2 slots of 2 pages + states > 3 pages
 
 
 def test_kill_9_of_the_writer_leaves_no_shared_memory(child_writer):
@@ -454,13 +455,14 @@ def test_an_older_ring_is_not_kept_for_refs_viewed_dropped_or_discarded(pipe):
     dropped, _ = ring.writer.write(_pattern(shape, np.uint8, 3))
     ring.writer.release(dropped.generation, dropped.index)  # never sent: the caller dropped it
     del viewed
-    gc.collect()  # released here, not yet at the writer when it makes the next ring
+    gc.collect()
 
     ring.send(_pattern((64, 64, 3), np.uint8, 4))
     assert ring.receive_ref() == discarded
     newer = ring.receive()
+    ring.writer.reclaim()
+    assert len(_generations_mapped(ring.name)) == 2  # the discarded ref's slot is held
     ring.reader.discard(discarded)
-    assert (discarded.generation, discarded.index) in ring.released
 
     ring.give_back()
     assert len(_generations_mapped(ring.name)) == 1
@@ -480,33 +482,111 @@ def test_the_writer_ignores_unknown_and_repeated_releases(pipe):
     assert ring.writer.free_slots() == 2
 
 
-def test_views_dropped_after_the_reader_closes_report_no_release(pipe):
+def test_views_that_outlive_the_reader_still_free_their_slots(pipe):
     ring = pipe(slots=2)
     view = ring.round_trip(np.zeros(10, np.uint8))
     ring.reader.close()
     np.testing.assert_array_equal(view, np.zeros(10))  # still valid
+    assert ring.writer.free_slots() == 1
     del view
     gc.collect()
-    assert ring.released == []
+    assert ring.writer.free_slots() == 2  # a writer that lives on may use it again
     assert _generations_mapped(ring.name) != set()  # the writer still maps its ring
     ring.writer.close()
     assert _generations_mapped(ring.name) == set()
 
 
-def test_releases_from_another_thread_while_writing_never_free_a_held_slot():
-    """The lead's shape: `write` on the model's thread, `release` on a reader thread
-    (here called straight from the view's finalizer)."""
+def test_a_view_in_a_reference_cycle_frees_its_slot_when_the_collector_runs(pipe):
+    ring = pipe(slots=2)
+    cycle: list = [ring.round_trip(np.ones(10, np.uint8))]
+    cycle.append(cycle)
+    del cycle
+    assert ring.writer.free_slots() == 1
+    # The finalizer runs inside the collector, here on another thread.
+    collector = threading.Thread(target=gc.collect)
+    collector.start()
+    collector.join()
+    assert ring.writer.free_slots() == 2
+
+
+_CHILD_READER = r"""
+import gc
+import sys
+from multiprocessing.connection import Connection
+from reactor_serve.runtime.frame_ring import FrameReader, RingAnnouncement, receive_announcement
+
+conn = Connection(int(sys.argv[1]))
+reader = FrameReader()
+views = []
+while True:
+    try:
+        message = conn.recv()
+    except EOFError:
+        break
+    if isinstance(message, RingAnnouncement):
+        reader.attach(receive_announcement(conn, message))
+    elif isinstance(message, tuple) and message and message[0] == "drop":
+        del views[message[1]]
+        gc.collect()
+        conn.send("dropped")
+    else:
+        views.append(reader.view(message))
+        conn.send(int(views[-1][0]))
+"""
+
+
+def test_a_reader_process_frees_slots_the_writer_process_sees_with_no_message():
+    name = _unique_name()
+    ours, theirs = socket.socketpair()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD_READER, str(theirs.fileno())],
+        pass_fds=[theirs.fileno()],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    theirs.close()
+    conn = Connection(ours.detach())
+    page = mmap.PAGESIZE
+    writer = FrameWriter(name, slots=3, max_bytes=4 * page)  # one ring, never grows
+    try:
+        for seed in (1, 2, 3):
+            ref, announcement = writer.write(np.full(page, seed, np.uint8))
+            if announcement is not None:
+                send_announcement(conn, announcement)
+            conn.send(ref)
+            assert conn.recv() == seed  # viewed, and held, by the child
+        assert writer.free_slots() == 0 and writer.write(np.zeros(page, np.uint8)) is None
+
+        conn.send(("drop", 1))  # the child drops its view of the second frame
+        assert conn.recv() == "dropped"
+        # Nothing else came from the child: the slot state alone carries the release.
+        assert not conn.poll(0.2)
+        assert writer.free_slots() == 1
+        ref, _ = writer.write(np.full(page, 4, np.uint8))
+        assert ref.index == 1  # the freed slot, written again
+        conn.send(ref)
+        assert conn.recv() == 4
+
+        # A reader killed while viewing frees nothing: its slots stay held.
+        child.kill()
+        child.wait(timeout=10)
+        assert writer.free_slots() == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)
+        conn.close()
+        writer.close()
+    assert _generations_mapped(name) == set()
+
+
+def test_slots_freed_by_another_thread_while_writing_never_free_a_held_slot():
+    """`write` on the model's thread while views die on another (as the media process's
+    frames do), the writer polling for a free slot as `ForwardedOutput` does."""
     page = mmap.PAGESIZE
     name = _unique_name()
-    writer = FrameWriter(name, slots=4, max_bytes=4 * page)  # never grows
-    freed = threading.Condition()
-
-    def on_release(generation: int, index: int) -> None:
-        writer.release(generation, index)
-        with freed:
-            freed.notify()
-
-    reader = FrameReader(on_release)
+    writer = FrameWriter(name, slots=4, max_bytes=5 * page)  # never grows
+    reader = FrameReader()
     refs: list[SlotRef | None] = []
     arrived = threading.Condition()
     mismatches: list[tuple[int, int]] = []
@@ -528,13 +608,10 @@ def test_releases_from_another_thread_while_writing_never_free_a_held_slot():
     consumer = threading.Thread(target=consume)
     consumer.start()
     for seed in range(frames):
-        while True:
-            with freed:
-                result = writer.write(np.full(page, seed % 251, np.uint8))
-                if result is None:
-                    assert freed.wait(timeout=10), "no slot was ever released"
-                    continue
-            break
+        waited_since = time.monotonic()
+        while (result := writer.write(np.full(page, seed % 251, np.uint8))) is None:
+            assert consumer.is_alive() and time.monotonic() - waited_since < 30, "no slot came back"
+            time.sleep(0.0005)
         ref, announcement = result
         if announcement is not None:
             reader.attach(RingAnnouncement(announcement.generation, announcement.slot_bytes,

@@ -6,6 +6,10 @@ the slot itself); the emit then travels as slot references, and returns when the
 media process has queued it in its buffer, so `emit` keeps its backpressure. Audio
 is small and travels in the message.
 
+Slots come back when the media process's views of them die, through the ring's slot
+states (see `frame_ring`): an emit short of slots polls them, sleeping between looks
+(`SLOT_POLL_S`), since no message says when one is freed.
+
 `flush()` and `restart()` start a new *epoch*: the media process discards any emit
 of an older epoch still waiting for room, exactly as a flush discards the rest of a
 waiting emit in one process.
@@ -32,6 +36,9 @@ class ForwardedOutput:
     # Slots beyond the buffer's capacity: the frame the client is shown (held until
     # the next one) and frames the encoder still holds.
     SPARE_SLOTS = 4
+    # How long an emit short of slots sleeps between looks at the slot states: short
+    # against a frame interval, long enough that waiting costs next to no CPU.
+    SLOT_POLL_S = 0.003
 
     def __init__(
         self,
@@ -39,22 +46,19 @@ class ForwardedOutput:
         capacity: int,
         fps: float,
         clock: Callable[[], float] = time.monotonic,
+        max_bytes: int = 1 << 30,
     ) -> None:
         self._channel = channel
         self.capacity = capacity
         self.clock = clock
         self._target_fps = check_fps(fps)
-        self._writer = FrameWriter("reactor-frames", capacity + self.SPARE_SLOTS)
+        # Past `max_bytes` of rings, an emit waits for the media process to free slots.
+        self._writer = FrameWriter("reactor-frames", capacity + self.SPARE_SLOTS, max_bytes)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._epoch = 0
         # Emits on their way, by id, to wake when the media process answers "placed".
         self._crossings: dict[int, _Crossing] = {}
-        # Counts what may unblock an emit short of slots (a slot freed, a new epoch,
-        # the channel closed), with the threads and loop callbacks waiting on it.
-        self._changes = 0
-        self._changed = threading.Condition(self._lock)
-        self._slot_waiters: list[Callable[[], None]] = []
         # record_emit() -> put(): when the model emitted, and its compute_time.
         self._recorded: dict[int, tuple[float, float | None]] = {}
         self.closed = False
@@ -91,9 +95,7 @@ class ForwardedOutput:
         try:
             while (outcome := self._advance(crossing)) is _SHORT:
                 # Wait for a slot without holding the model loop: handlers run meanwhile.
-                freed = loop.create_future()
-                if self._when_freed(crossing, lambda: loop.call_soon_threadsafe(_resolve, freed)):
-                    await freed
+                await asyncio.sleep(self.SLOT_POLL_S)
             if outcome is _SENT:
                 await placed
         finally:
@@ -109,12 +111,9 @@ class ForwardedOutput:
         crossing = self._begin(items, drop, placed.set)
         try:
             while (outcome := self._advance(crossing)) is _SHORT:
-                with self._lock:
-                    # A timeout, because should_stop() is a plain flag nobody notifies on.
-                    while self._still_short(crossing) and not should_stop():
-                        self._changed.wait(0.05)
                 if should_stop():
                     return False
+                time.sleep(self.SLOT_POLL_S)
             if outcome is _FAILED:
                 return not should_stop()
             while not placed.wait(0.05):
@@ -133,18 +132,11 @@ class ForwardedOutput:
         if crossing is not None:
             crossing.wake()
 
-    def released(self, generation: int, index: int) -> None:
-        """The media process is done with an output slot."""
-        with self._lock:
-            self._writer.release(generation, index)
-            self._wake_locked()
-
     def close(self) -> None:
         """The media process is gone: wake every waiting emit."""
         with self._lock:
             self.closed = True
             waiting = [c.wake for c in self._crossings.values()]
-            self._wake_locked()
         for wake in waiting:
             wake()
         self._writer.close()
@@ -154,15 +146,7 @@ class ForwardedOutput:
     def _next_epoch(self) -> int:
         with self._lock:
             self._epoch += 1
-            self._wake_locked()
             return self._epoch
-
-    def _wake_locked(self) -> None:
-        self._changes += 1
-        self._changed.notify_all()
-        wakers, self._slot_waiters = self._slot_waiters, []
-        for wake in wakers:
-            wake()
 
     def _begin(self, items: list[FrameItem], drop: bool, wake: Callable[[], None]) -> _Crossing:
         at, compute_time = self._recorded.pop(id(items), (self.clock(), None))
@@ -175,33 +159,17 @@ class ForwardedOutput:
         with self._lock:
             self._crossings.pop(crossing.emit_id, None)
 
-    def _still_short(self, crossing: _Crossing) -> bool:
-        return (
-            self._changes == crossing.changes_seen
-            and not self.closed
-            and self._epoch == crossing.epoch
-        )
-
-    def _when_freed(self, crossing: _Crossing, wake: Callable[[], None]) -> bool:
-        """Call `wake` once something changes that may let `crossing` go on; False
-        when something already has."""
-        with self._lock:
-            if not self._still_short(crossing):
-                return False
-            self._slot_waiters.append(wake)
-            return True
-
     def _advance(self, crossing: _Crossing) -> object:
         """Write as many of the emit's frames into slots as there are free, and send
-        them. _SENT: all sent (wait for "placed"); _SHORT: out of slots (wait for the
-        media process to free some); _FAILED: nothing more will be placed (a flush
+        them. _SENT: all sent (wait for "placed"); _SHORT: out of slots (look again
+        after SLOT_POLL_S); _FAILED: nothing more will be placed (a flush
         came, or the media process is gone)."""
         items = crossing.items
         while crossing.position < len(items):
-            with self._lock:
-                if self.closed or self._epoch != crossing.epoch:
-                    return _FAILED
-                crossing.changes_seen = self._changes
+            # Unlocked reads: a flush or close landing just after is seen by the
+            # next part, or by the media process, which discards an old epoch's emit.
+            if self.closed or self._epoch != crossing.epoch:
+                return _FAILED
             part: list[tuple[dict[str, SlotRef], dict[str, Any]]] = []
             while crossing.position < len(items):
                 written = self._write_item(items[crossing.position])
@@ -234,9 +202,9 @@ class ForwardedOutput:
         for track, frame in item.video.items():
             written = self._writer.write(frame)
             if written is None:
-                with self._lock:
-                    for ref in refs.values():
-                        self._writer.release(ref.generation, ref.index)
+                # This item's other tracks never cross: their slots go back now.
+                for ref in refs.values():
+                    self._writer.release(ref.generation, ref.index)
                 return None
             ref, announcement = written
             if announcement is not None:
@@ -252,7 +220,7 @@ class _Crossing:
     """One emit on its way to the media process."""
 
     __slots__ = ("emit_id", "items", "drop", "epoch", "at", "compute_time", "wake",
-                 "position", "first", "changes_seen")
+                 "position", "first")
 
     def __init__(
         self,
@@ -273,7 +241,6 @@ class _Crossing:
         self.wake = wake
         self.position = 0
         self.first = True
-        self.changes_seen = -1
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

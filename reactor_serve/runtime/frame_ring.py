@@ -6,6 +6,14 @@ descriptor passed over a Unix socket and hands out numpy views of the slots. A s
 goes back to the writer when the last view of it (slices, reshapes,
 `torch.from_numpy` included) dies.
 
+Slots come back through the memory itself, not through messages: after its slots,
+each ring has a page of slot states, one byte per slot, that both sides map. The
+writer marks a slot held when it takes it; the reader's finalizer marks it free with
+one store (no lock, no message: it may run on any thread, inside the garbage
+collector too); the writer finds free slots by reading the states when it writes, and
+unmaps a superseded ring once all its slots are free. A message per frame, and a
+thread on each side to send and receive it, cost more than the frame's copy.
+
 Why anonymous memory: a memfd (or, where there is none, an unnamed temporary file)
 has no name anyone must remove, so the kernel frees it when the last descriptor and
 mapping are gone, even after `kill -9` of either side. Named /dev/shm entries and
@@ -21,8 +29,9 @@ Protocol, in the order things must reach the reader:
 2. The reader's loop: `msg = conn.recv()`; if it is a `RingAnnouncement`,
    `reader.attach(receive_announcement(conn, msg))` (which must be the next thing read
    from that connection); if it is a `SlotRef`, `reader.view(ref)`.
-3. The reader's `on_release(generation, index)` fires when a slot's views are gone;
-   the caller sends that back and the writer's `release()` frees the slot.
+3. When a slot's last view dies, the reader marks it free in the ring's states; the
+   writer sees that at its next `write()` (or `free_slots()`): nothing is sent.
+   A writer that waits for a slot polls (`free_slots()`, or `write()` again).
 
 Refs may be viewed later than they arrive (after newer rings were attached): each
 announcement lists the slots of older rings the writer still holds, so the reader
@@ -44,7 +53,7 @@ import tempfile
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -63,11 +72,16 @@ _PAGE = mmap.PAGESIZE
 _MEMFD_NAME_MAX = 249
 # The one byte that carries the fd, so a misordered read is recognised as one.
 _FD_MARKER = b"R"
+# A slot's state byte. A new ring's memory is zero-filled, so every slot starts free;
+# the reader frees by storing _FREE, and anything else reads as held.
+_FREE = 0
+_HELD = 1
+_FREE_BYTE = bytes([_FREE])
 
 
-@dataclass(frozen=True, slots=True)
-class SlotRef:
-    """Where one written frame lies: small and picklable, it travels in a message."""
+class SlotRef(NamedTuple):
+    """Where one written frame lies: small and picklable, it travels in a message (a
+    tuple, because a frame's messages are pickled and unpickled on the hot path)."""
 
     generation: int
     index: int
@@ -139,16 +153,18 @@ def _is_torch_tensor(frame: Any) -> bool:
     return torch is not None and isinstance(frame, torch.Tensor)
 
 
-def _frame_layout(frame: Any) -> tuple[tuple[int, ...], np.dtype]:
+def _frame_layout(frame: Any) -> tuple[tuple[int, ...], np.dtype, int]:
+    """The frame's shape, dtype and size in bytes."""
     if isinstance(frame, np.ndarray):
         dtype = frame.dtype
-    elif _is_torch_tensor(frame):
-        dtype = _torch_numpy_dtype(frame.dtype)
-    else:
+        if dtype.hasobject:
+            raise TypeError(f"cannot share an array of dtype {dtype} (it holds Python objects)")
+        return frame.shape, dtype, frame.nbytes
+    if not _is_torch_tensor(frame):
         raise TypeError(f"expected a numpy array or a torch tensor, got {type(frame).__name__}")
-    if dtype.hasobject:
-        raise TypeError(f"cannot share an array of dtype {dtype} (it holds Python objects)")
-    return tuple(int(n) for n in frame.shape), dtype
+    dtype = _torch_numpy_dtype(frame.dtype)
+    shape = tuple(int(n) for n in frame.shape)
+    return shape, dtype, math.prod(shape) * dtype.itemsize
 
 
 def _copy_into(slot: np.ndarray, frame: Any) -> None:
@@ -166,39 +182,78 @@ def _slot_bytes_for(nbytes: int) -> int:
     return max(1, math.ceil(nbytes / _PAGE)) * _PAGE
 
 
+def _ring_bytes(slot_bytes: int, slots: int) -> int:
+    """A ring's memory: its slots, then a page (or more) of slot states."""
+    return slot_bytes * slots + _slot_bytes_for(slots)
+
+
 class _WriterRing:
-    """One generation on the writing side: the memory and which slots are free."""
+    """One generation on the writing side: the memory, its slot states, and the
+    serial of each slot's last write."""
 
     def __init__(self, name: str, slot_bytes: int, slots: int) -> None:
         self.generation = _new_generation()
         self.slot_bytes = slot_bytes
         self.slots = slots
-        self.size = slot_bytes * slots
+        self.size = _ring_bytes(slot_bytes, slots)
         self.fd = _anonymous_memory(f"reactor-frames-{name}-{self.generation:x}", self.size)
         try:
             self.memory = mmap.mmap(self.fd, self.size)
         except BaseException:
             os.close(self.fd)
             raise
-        self.bytes: np.ndarray | None = np.frombuffer(self.memory, dtype=np.uint8)
-        # Lowest index first, so a lightly used ring touches few pages.
-        self.free = list(range(slots - 1, -1, -1))
+        # Where the state bytes start; read and written through the mmap itself, so
+        # no array holds the mapping open when it is unmapped.
+        self._states = slot_bytes * slots
+        self._all_free = bytes(slots)
         self.serials = [0] * slots
+        # Per slot, the array last written through it, (shape, dtype, array): a stream
+        # of same-shaped frames makes no array per write.
+        self._views: list[tuple[tuple[int, ...], np.dtype, np.ndarray] | None] = [None] * slots
         self.announced = False
+        self.closed = False
+
+    def take(self) -> int | None:
+        """Mark a free slot held and return it; None when none is free. Lowest index
+        first, so a lightly used ring touches few pages."""
+        found = self.memory.find(_FREE_BYTE, self._states, self._states + self.slots)
+        if found < 0:
+            return None
+        self.memory[found] = _HELD
+        return found - self._states
+
+    def give_back(self, index: int) -> None:
+        self.memory[self._states + index] = _FREE
+
+    def _state_bytes(self) -> bytes:
+        return self.memory[self._states : self._states + self.slots]
+
+    def free_count(self) -> int:
+        return self._state_bytes().count(_FREE)
+
+    def idle(self) -> bool:
+        return self._state_bytes() == self._all_free
 
     def held(self) -> dict[int, int]:
-        free = set(self.free)
-        return {index: self.serials[index] for index in range(self.slots) if index not in free}
+        return {
+            index: self.serials[index]
+            for index, state in enumerate(self._state_bytes())
+            if state != _FREE
+        }
 
     def slot(self, index: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        if self.bytes is None:
+        cached = self._views[index]
+        if cached is not None and cached[0] == shape and cached[1] == dtype:
+            return cached[2]
+        if self.closed:
             raise RuntimeError("the frame writer was closed during this write")
-        start = index * self.slot_bytes
-        nbytes = math.prod(shape) * dtype.itemsize
-        return self.bytes[start : start + nbytes].view(dtype).reshape(shape)
+        view = np.ndarray(shape, dtype, buffer=self.memory, offset=index * self.slot_bytes)
+        self._views[index] = (shape, dtype, view)
+        return view
 
     def unmap(self) -> None:
-        self.bytes = None
+        self.closed = True
+        self._views = [None] * self.slots
         try:
             self.memory.close()
         except BufferError:
@@ -211,11 +266,11 @@ class _WriterRing:
 class FrameWriter:
     """The writing side: owns the rings, picks free slots, writes frames.
 
-    Thread-safe: `write` (the model's thread), `release` (a thread reading the
-    reader's releases, or a finalizer), `free_slots` and `close` may run on different
-    threads. Writes from several threads are safe too, but each write and the sending
-    of its announcement and ref must then be serialised by the caller, so that an
-    announcement reaches the reader before any ref into its ring.
+    Thread-safe: `write` (the model's thread), `release`, `free_slots`, `reclaim` and
+    `close` may run on different threads; the reader frees slots from its process
+    with no call here. Writes from several threads are safe too, but each write and
+    the sending of its announcement and ref must then be serialised by the caller, so
+    that an announcement reaches the reader before any ref into its ring.
     """
 
     def __init__(self, name: str, slots: int, max_bytes: int = 1 << 30) -> None:
@@ -226,9 +281,9 @@ class FrameWriter:
         self.name = name
         self._slots = int(slots)
         self._max_bytes = int(max_bytes)
-        # Re-entrant: a release may come from a finalizer that the garbage collector
-        # runs on this very thread while it holds the lock (in-process use).
-        self._lock = threading.RLock()
+        # Never taken by a slot's release (the reader frees slots in the memory), so
+        # a plain lock: a finalizer run on this thread while it holds it takes nothing.
+        self._lock = threading.Lock()
         self._rings: dict[int, _WriterRing] = {}
         self._live_bytes = 0
         self._current: _WriterRing | None = None
@@ -240,34 +295,35 @@ class FrameWriter:
 
         Returns the ref and, on the first frame of a new ring, the announcement the
         reader must receive before the ref; None when no slot is free and `max_bytes`
-        forbids a new ring (wait for a release, or drop the frame). Raises ValueError
-        when the frame is too large for `max_bytes` even with no other ring alive.
+        forbids a new ring (try again once the reader has freed one, or drop the
+        frame). Raises ValueError when the frame is too large for `max_bytes` even
+        with no other ring alive.
         """
-        shape, dtype = _frame_layout(frame)
-        nbytes = math.prod(shape) * dtype.itemsize
+        shape, dtype, nbytes = _frame_layout(frame)
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"frame writer {self.name!r} is closed")
-            ring = self._ring_for(nbytes)
-            if ring is None:
+            taken = self._take(nbytes)
+            if taken is None:
                 return None
-            index = ring.free.pop()
+            ring, index = taken
             self._serial += 1
             serial = ring.serials[index] = self._serial
-        # The copy runs outside the lock so releases never wait for a frame's copy;
-        # the slot is ours alone until its ref is released.
+        # The copy runs outside the lock so other threads never wait for a frame's
+        # copy; the slot is ours alone until the reader frees it.
         try:
             _copy_into(ring.slot(index, shape, dtype), frame)
         except BaseException:
             self.release(ring.generation, index)
             raise
-        with self._lock:
-            announcement = None
-            if not ring.announced:
-                # Announced with its first successful write, so a failed copy never
-                # loses the announcement of the ring the next frame lands in.
-                ring.announced = True
-                announcement = self._announcement(ring)
+        announcement = None
+        if not ring.announced:
+            with self._lock:
+                if not ring.announced:
+                    # Announced with its first successful write, so a failed copy
+                    # never loses the announcement of the ring the next frame lands in.
+                    ring.announced = True
+                    announcement = self._announcement(ring)
         return SlotRef(ring.generation, index, shape, dtype.str, serial), announcement
 
     def _announcement(self, ring: _WriterRing) -> RingAnnouncement:
@@ -278,52 +334,68 @@ class FrameWriter:
         }
         return RingAnnouncement(ring.generation, ring.slot_bytes, ring.slots, ring.fd, pending)
 
-    def _ring_for(self, nbytes: int) -> _WriterRing | None:
+    def _take(self, nbytes: int) -> tuple[_WriterRing, int] | None:
+        """A slot for a frame of `nbytes`, marked held: in the current ring, or in a new
+        one (a larger frame, or every slot held); the caller holds the lock."""
         current = self._current
         if current is not None and nbytes <= current.slot_bytes:
-            if current.free:
-                return current
+            index = current.take()
+            if index is not None:
+                if len(self._rings) > 1:
+                    self._reclaim()
+                return current, index
             slot_bytes = current.slot_bytes
         else:
             slot_bytes = _slot_bytes_for(nbytes)
-        size = slot_bytes * self._slots
+        size = _ring_bytes(slot_bytes, self._slots)
         if size > self._max_bytes:
             raise ValueError(
                 f"a frame of {nbytes} bytes needs a ring of {self._slots} slots of "
-                f"{slot_bytes} bytes, more than max_bytes={self._max_bytes}"
+                f"{slot_bytes} bytes and their states, {size} bytes, more than "
+                f"max_bytes={self._max_bytes}"
             )
+        self._reclaim()
         if self._live_bytes + size > self._max_bytes:
             return None
         ring = _WriterRing(self.name, slot_bytes, self._slots)
         self._rings[ring.generation] = ring
         self._live_bytes += ring.size
         self._current = ring
-        if current is not None:
-            self._drop_if_idle(current)
-        return ring
+        # The ring just superseded may have no frame out (a shape change).
+        self._reclaim()
+        index = ring.take()
+        assert index is not None  # a new ring's slots are all free
+        return ring, index
 
-    def _drop_if_idle(self, ring: _WriterRing) -> None:
-        if ring is not self._current and len(ring.free) == ring.slots:
-            del self._rings[ring.generation]
-            self._live_bytes -= ring.size
-            ring.unmap()
+    def _reclaim(self) -> None:
+        for generation, ring in list(self._rings.items()):
+            if ring is not self._current and ring.idle():
+                del self._rings[generation]
+                self._live_bytes -= ring.size
+                ring.unmap()
+
+    def reclaim(self) -> None:
+        """Unmap the superseded rings whose slots the reader has all freed (`write`
+        does this itself; for a writer that has stopped writing)."""
+        with self._lock:
+            self._reclaim()
 
     def release(self, generation: int, index: int) -> None:
-        """The reader is done with that slot; unknown or already free slots are ignored
-        (releases from before a restart, or a repeated one)."""
+        """Free a slot whose ref will never reach the reader (a frame dropped before
+        it was sent); unknown or already free slots are ignored. A slot whose ref was
+        sent is freed by the reader, never here."""
         with self._lock:
             ring = self._rings.get(generation)
-            if ring is None or not 0 <= index < ring.slots or index in ring.free:
-                return
-            ring.free.append(index)
-            self._drop_if_idle(ring)
+            if ring is not None and 0 <= index < ring.slots:
+                ring.give_back(index)
 
     def free_slots(self) -> int:
-        """How many frames fit without a new ring (`slots` before the first write)."""
+        """How many frames fit without a new ring (`slots` before the first write), as
+        the slot states say now: the reader frees slots at any time."""
         with self._lock:
             if self._closed:
                 return 0
-            return self._slots if self._current is None else len(self._current.free)
+            return self._slots if self._current is None else self._current.free_count()
 
     def close(self) -> None:
         """Unmap every ring this side holds; the reader's views stay valid."""
@@ -345,6 +417,7 @@ class _ReaderRing:
         self.slot_bytes = announcement.slot_bytes
         self.slots = announcement.slots
         self.memory = memory
+        self.states = announcement.slot_bytes * announcement.slots
         self.granted: set[int] = set()
         # Per slot, the serial of the last ref viewed or discarded.
         self.seen: dict[int, int] = {}
@@ -357,18 +430,14 @@ class FrameReader:
     """The reading side: maps announced rings, hands out views.
 
     `attach`, `view`, `discard` and `close` may run on different threads (typically
-    `attach` on the thread reading the connection and `view` where frames are used);
-    `on_release(generation, index)` is called from whichever thread drops a slot's
-    last view (the garbage collector's included, so it must not block or take a lock
-    its own thread may hold: queue the release and send it elsewhere), never after
-    `close()`.
+    `attach` on the thread reading the connection and `view` where frames are used).
+    A slot is freed, in the ring's states, by whichever thread drops its last view
+    (the garbage collector's included), with no lock taken.
     """
 
-    def __init__(self, on_release: Callable[[int, int], None]) -> None:
-        self._on_release = on_release
-        # Re-entrant: the garbage collector may run a view's finalizer (a release) on
-        # this thread while it holds the lock.
-        self._lock = threading.RLock()
+    def __init__(self) -> None:
+        # Never taken by a slot's release, which may run on a thread holding it.
+        self._lock = threading.Lock()
         # The attached ring and the superseded ones that refs are still due for.
         self._rings: dict[int, _ReaderRing] = {}
         self._current: _ReaderRing | None = None
@@ -384,12 +453,13 @@ class FrameReader:
                     f"ring {announcement.generation}: slots and slot_bytes must be positive, "
                     f"got {announcement.slots} and {announcement.slot_bytes}"
                 )
-            size = announcement.slots * announcement.slot_bytes
+            size = _ring_bytes(announcement.slot_bytes, announcement.slots)
             actual = os.fstat(fd).st_size
             if actual < size:
                 raise ValueError(
                     f"ring {announcement.generation}: {announcement.slots} slots of "
-                    f"{announcement.slot_bytes} bytes need {size} bytes, the memory has {actual}"
+                    f"{announcement.slot_bytes} bytes and their states need {size} bytes, "
+                    f"the memory has {actual}"
                 )
             memory = mmap.mmap(fd, size)
         finally:
@@ -427,7 +497,7 @@ class FrameReader:
         owner = (ctypes.c_char * max(nbytes, 1)).from_buffer(
             ring.memory, ref.index * ring.slot_bytes
         )
-        finalizer = weakref.finalize(owner, self._released, ring, ref.index)
+        finalizer = weakref.finalize(owner, _free_slot, ring, ref.index)
         # A view alive at interpreter exit is not a release the writer can act on.
         finalizer.atexit = False
         return np.frombuffer(owner, dtype=dtype, count=count).reshape(ref.shape)
@@ -437,9 +507,7 @@ class FrameReader:
         released at once, and an older ring is not kept waiting for it."""
         with self._lock:
             ring, _, _ = self._take(ref)
-            closed = self._closed
-        if not closed:
-            self._on_release(ring.generation, ref.index)
+        ring.memory[ring.states + ref.index] = _FREE
 
     def _take(self, ref: SlotRef) -> tuple[_ReaderRing, np.dtype, int]:
         """Check `ref` against its ring and mark it seen; the caller holds the lock."""
@@ -485,20 +553,22 @@ class FrameReader:
                 del self._rings[ring.generation]
         return ring, dtype, count
 
-    def _released(self, ring: _ReaderRing, index: int) -> None:
-        with self._lock:
-            ring.granted.discard(index)
-            closed = self._closed
-        if not closed:
-            self._on_release(ring.generation, index)
-
     def close(self) -> None:
-        """Forget the mappings; outstanding views stay valid until they die, and their
-        releases are no longer reported."""
+        """Forget the mappings; outstanding views stay valid until they die (and still
+        free their slots: a writer that lives on may use them again)."""
         with self._lock:
             self._closed = True
             self._rings.clear()
             self._current = None
+
+
+def _free_slot(ring: _ReaderRing, index: int) -> None:
+    """A view's finalizer: its slot goes back to the writer. Two stores and no lock:
+    it may run inside the garbage collector, on a thread holding any lock."""
+    # Ungranted first: once the state says free, the writer may fill the slot again
+    # and its next ref may be viewed at once.
+    ring.granted.discard(index)
+    ring.memory[ring.states + index] = _FREE
 
 
 def _socket_of(conn: Any) -> socket.socket:

@@ -447,8 +447,6 @@ class ModelProcess:
         buffer = self.output_buffer
         if op == "emit":
             self._placements.put((child, args))
-        elif op == "released":
-            child.inputs.release(*args)
         elif op == "message":
             session = self._sessions.get(args[0])
             if session is not None:
@@ -534,9 +532,9 @@ class _Child:
         self.epoch = 0
         self.errors = 0
         self.dead = False
-        self.outputs = FrameReader(
-            lambda generation, index: channel.send_later("released", generation, index)
-        )
+        # The model's output frames; a slot goes back to it (in the ring's slot states,
+        # no message) when this process's last view of the frame dies.
+        self.outputs = FrameReader()
         self.inputs = FrameWriter("reactor-input", owner.INPUT_SLOTS, owner.INPUT_MAX_BYTES)
         self.reader = threading.Thread(target=self._read, name="reactor-model-channel", daemon=True)
 

@@ -38,11 +38,9 @@ class _Worker:
         self.parent_pid = parent_pid
         self.host: ModelHost | None = None
         self.output: ForwardedOutput | None = None
-        # Input frames arrive in the media process's rings; a slot is released when
-        # the model's last view of the frame dies.
-        self.inputs = FrameReader(
-            lambda generation, index: channel.send_later("released", generation, index)
-        )
+        # Input frames arrive in the media process's rings; a slot goes back to it (in
+        # the ring's slot states, no message) when the model's last view of it dies.
+        self.inputs = FrameReader()
         self.sessions: dict[str, Session] = {}
         self.loop = asyncio.new_event_loop()
         self.done = threading.Event()
@@ -120,8 +118,6 @@ class _Worker:
         assert host is not None and output is not None
         if op == "placed":
             output.placed(*args)
-        elif op == "released":
-            output.released(*args)
         elif op == "input":
             session_id, track, frame = args
             session = self.sessions.get(session_id)

@@ -3,16 +3,16 @@
 Messages are small tuples, `(op, *args)`, pickled over a Unix socket pair; frames
 never travel in them (they are in shared memory, see `frame_ring`), only their slot
 references, and the descriptor of each new ring rides the same socket (SCM_RIGHTS)
-right after the message that announces it. Sends come from several threads on both
-sides (the model's loop and threads, the reader, finalizers releasing slots), so one
-lock keeps each message, and a ring's announcement with its descriptor, whole.
+right after the message that announces it. Slots come back through the rings' own
+slot states, never as messages. Sends come from several threads on both sides (the
+model's loop and threads, the reader), so one lock keeps each message, and a ring's
+announcement with its descriptor, whole.
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
-import queue
 import socket
 import threading
 from multiprocessing.connection import Connection
@@ -41,9 +41,6 @@ class ProcessChannel:
         self._connection = connection
         self._send_lock = threading.Lock()
         self.closed = False
-        self._later: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._later_sender: threading.Thread | None = None
-        self._later_lock = threading.Lock()
 
     @classmethod
     def from_fd(cls, fd: int) -> ProcessChannel:
@@ -72,23 +69,6 @@ class ProcessChannel:
             return True
         except (OSError, ValueError, EOFError):
             return False
-
-    def send_later(self, *message: Any) -> None:
-        """Send `(op, *args)` from a thread of the channel's own. For finalizers: one
-        may run on a thread that is inside `send` (the garbage collector runs
-        anywhere), which would wait for its own lock for ever."""
-        self._later.put(message)
-        if self._later_sender is None:
-            with self._later_lock:
-                if self._later_sender is None:
-                    self._later_sender = threading.Thread(
-                        target=self._send_queued, name="reactor-channel-sender", daemon=True
-                    )
-                    self._later_sender.start()
-
-    def _send_queued(self) -> None:
-        while (message := self._later.get()) is not None:
-            self.send(*message)
 
     def send_ring(self, announcement: RingAnnouncement) -> bool:
         """Announce a new ring; its descriptor follows the message on the socket."""
@@ -122,7 +102,6 @@ class ProcessChannel:
 
     def close(self) -> None:
         self.closed = True
-        self._later.put(None)
         try:
             self._connection.close()
         except OSError:
