@@ -121,13 +121,17 @@ class _Worker:
         elif op == "input":
             session_id, track, frame = args
             session = self.sessions.get(session_id)
-            if session is not None and not session.stopping:
+            if session is None or session.stopping:
+                if isinstance(frame, SlotRef):
+                    # Never viewed, so no view's death would give its slot back.
+                    self.inputs.discard(frame)
+                return
+            try:
                 if isinstance(frame, SlotRef):  # video; audio chunks come in the message
                     frame = self.inputs.view(frame)
-                try:
-                    host.push_input(session, track, frame)
-                except (KeyError, ValueError) as exc:
-                    log.warning("input frame for %r refused: %s", track, exc)
+                host.push_input(session, track, frame)
+            except (KeyError, ValueError) as exc:
+                log.warning("input frame for %r refused: %s", track, exc)
         elif op == "command":
             session_id, name, data = args
             session = self.sessions.get(session_id)
