@@ -97,6 +97,8 @@ class ModelHost:
         self._driver: KindDriver = _DRIVERS[self.spec.kind](_HostForDriver(self))
         self._shutting_down = False
         self.model_errors = 0
+        # A model on a thread of this process is never restarted (see ModelProcess).
+        self.restarts = 0
         self._queued_commands = 0
         self._command_lock = threading.Lock()
         # Tasks the host starts on the model loop, referenced until done (the loop
@@ -113,14 +115,18 @@ class ModelHost:
         manifest = load_manifest(path)
         return cls(manifest.load_class(), manifest.config, name=manifest.name, output=output)
 
-    def start(self, timeout: float | None = None) -> None:
+    def start(
+        self, timeout: float | None = None, on_loaded: Callable[[], None] | None = None
+    ) -> None:
         """Start the model thread, construct the model and call `load(config)`.
 
         Blocks until loaded. Raises ModelLoadError (with the traceback) on failure.
+        `on_loaded` runs once `load()` returned, before the model's own loop starts (a
+        model that crashes at once has still loaded).
         """
         self._thread.start()
         try:
-            self._thread.submit(self._load()).result(timeout)
+            self._thread.submit(self._load(on_loaded)).result(timeout)
         except ModelLoadError as exc:
             self.load_error = exc
             raise
@@ -145,7 +151,7 @@ class ModelHost:
         session = self._session
         return session.context if session is not None and not session.ended.is_set() else None
 
-    async def _load(self) -> None:
+    async def _load(self, on_loaded: Callable[[], None] | None = None) -> None:
         self._lifecycle = asyncio.Lock()
         driver = self._driver
         try:
@@ -161,6 +167,8 @@ class ModelHost:
                 text,
             ) from exc
         self.model = model
+        if on_loaded is not None:
+            on_loaded()
         driver.loaded()
 
     def _bind(self, model: Any) -> None:

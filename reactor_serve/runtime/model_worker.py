@@ -73,7 +73,9 @@ class _Worker:
             self.output = ForwardedOutput(self.channel, spec.buffer_size, spec.fps)
             self.host = ModelHost(model_cls, manifest.config, name=manifest.name, output=self.output)
             started = time.monotonic()
-            self.host.start()
+            self.host.start(
+                on_loaded=lambda: self.channel.send("loaded", round(time.monotonic() - started, 3))
+            )
         except ModelLoadError as exc:
             self.channel.send("load_failed", str(exc), exc.traceback)
             return False
@@ -82,7 +84,6 @@ class _Worker:
                 "load_failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
             )
             return False
-        self.channel.send("loaded", round(time.monotonic() - started, 3))
         return True
 
     async def _until_done(self) -> None:

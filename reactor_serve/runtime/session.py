@@ -74,6 +74,10 @@ class SessionHost(Protocol):
     def model_errors(self) -> int:
         """Model errors so far that ended a session."""
 
+    @property
+    def restarts(self) -> int:
+        """Times the model was started again after a crash or a failed load."""
+
     def start(self, timeout: float | None = None) -> None:
         """Load the model; raises ModelLoadError when `load()` fails."""
 

@@ -133,9 +133,13 @@ def dashboard() -> dict[str, Any]:
         ),
         _panel(
             "Model errors per second",
-            "Exceptions raised by model code.",
+            "Exceptions raised by model code, and model processes restarted after a "
+            "crash (a segfault, an out-of-memory kill) or a failed load.",
             [(f"sum by (application, model) (rate(ray_reactor_model_errors_total{{{_OURS}}}{_RATE}))",
-              "{{model}} ({{application}})")],
+              "errors {{model}} ({{application}})"),
+             (f"sum by (application, model) "
+              f"(rate(ray_reactor_model_process_restarts_total{{{_OURS}}}{_RATE}))",
+              "restarts {{model}} ({{application}})")],
             unit="short",
         ),
         _panel(

@@ -24,6 +24,7 @@ METRIC_NAMES = (
     "reactor_queue_depth",
     "reactor_dropped_frames",
     "reactor_model_errors",
+    "reactor_model_process_restarts",
 )
 
 _SECONDS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
@@ -48,11 +49,17 @@ class ReplicaMetrics:
         self.queue_depth = Gauge("reactor_queue_depth", "Frames waiting in the output buffer", tags)
         self.dropped = Counter("reactor_dropped_frames", "Frames dropped by emit(drop=True)", tags)
         self.errors = Counter("reactor_model_errors", "Exceptions raised by model code", tags)
+        self.restarts = Counter(
+            "reactor_model_process_restarts",
+            "Model processes started again after a crash or a failed load",
+            tags,
+        )
         for metric in (self.live, self.started, self.ended, self.ttff, self.fps, self.jitter,
-                       self.queue_depth, self.dropped, self.errors):
+                       self.queue_depth, self.dropped, self.errors, self.restarts):
             metric.set_default_tags({"model": model})
         self._dropped_seen = 0
         self._errors_seen = 0
+        self._restarts_seen = 0
 
     def session_started(self) -> None:
         self.started.inc()
@@ -66,6 +73,12 @@ class ReplicaMetrics:
         if model_errors > self._errors_seen:
             self.errors.inc(model_errors - self._errors_seen)
             self._errors_seen = model_errors
+
+    def model_restarts(self, restarts: int) -> None:
+        """The model process's restarts so far (it counts them; this reports the news)."""
+        if restarts > self._restarts_seen:
+            self.restarts.inc(restarts - self._restarts_seen)
+            self._restarts_seen = restarts
 
     def first_frame(self, seconds: float) -> None:
         self.ttff.observe(seconds)

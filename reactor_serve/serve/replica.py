@@ -94,6 +94,7 @@ class ModelReplica:
     def check_health(self) -> None:
         """Serve's health check: fails once the model cannot run (it keeps failing to
         load after a crash, or its thread is gone), so Serve replaces the replica."""
+        self._metrics.model_restarts(self.host.restarts)
         if not self.host.healthy:
             error = self.host.load_error
             why = f"it failed to load: {error}" if error is not None else "it is not running"

@@ -1,8 +1,12 @@
 # A model that makes every session metric move, for the Grafana dashboard's test: it
-# emits faster than its buffer drains with drop=True (dropped frames), and its first
-# session raises after a few seconds (a model error, a session ended by "error").
+# emits faster than its buffer drains with drop=True (dropped frames), its first
+# session raises after a few seconds (a model error, a session ended by "error"), and
+# its first model process exits as soon as it is loaded (a model process restart).
 import asyncio
+import os
+import tempfile
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +25,11 @@ class MetricsProbe(ReactorModel):
         self.sessions = 0
 
     async def run(self):
+        # Once per replica (the replica names itself to its model process).
+        marker = Path(tempfile.gettempdir()) / f"metrics-probe-{os.environ['REACTOR_REPLICA_ID']}"
+        if not marker.exists():
+            marker.write_text("crashed once")
+            os._exit(1)
         frame = np.full((48, 64, 3), 80, np.uint8)
         while True:
             await self.connected.wait()
