@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import mmap
-import socket
 import threading
 from multiprocessing.connection import Connection
 

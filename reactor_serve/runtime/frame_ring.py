@@ -37,7 +37,12 @@ Refs may be viewed later than they arrive (after newer rings were attached): eac
 announcement lists the slots of older rings the writer still holds, so the reader
 keeps an older ring mapped until the refs still to come for it are viewed (or
 `discard`ed); after that, its views alone keep it mapped. A ref the caller will
-never view must be `discard`ed, or the reader keeps that ring until `close()`.
+never view must be `discard`ed, or its slot stays held and the reader keeps that ring
+until `close()`.
+
+A slot state is one byte, written by one side at a time (the writer only takes free
+slots, the reader only frees slots it was given), so a plain store suffices; the
+reader frees a slot only after its last view is gone, long after its last read of it.
 """
 
 from __future__ import annotations
