@@ -87,11 +87,16 @@ class _Worker:
         return True
 
     async def _until_done(self) -> None:
+        # Woken by the reader when it sets `done`; otherwise once a second, to notice
+        # a parent that is gone without the channel saying so.
+        waiter = asyncio.get_running_loop().run_in_executor(None, self.done.wait)
         while not self.done.is_set():
-            await asyncio.sleep(0.2)
-            if os.getppid() != self.parent_pid:
-                log.error("the media process is gone: the model process exits")
-                self.done.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), 1.0)
+            except asyncio.TimeoutError:
+                if os.getppid() != self.parent_pid:
+                    log.error("the media process is gone: the model process exits")
+                    self.done.set()
 
     def _shutdown(self) -> None:
         host = self.host
