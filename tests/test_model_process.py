@@ -350,3 +350,12 @@ def test_cuda_tensors_cross_with_one_device_to_host_copy(tmp_path, process_of):
             assert frame.image[0, 0, 0] == 7 and frame.image.shape == (48, 64, 3)
 
     asyncio.run(scenario())
+
+
+def test_the_model_process_yields_the_cpu_to_the_media_process(process_of, monkeypatch):
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    model = process_of(REFERENCE / "generator")
+    assert os.getpriority(os.PRIO_PROCESS, model.pid) == min(19, ours + 10)
+    monkeypatch.setenv("REACTOR_MODEL_NICE", "0")
+    equal = process_of(REFERENCE / "generator")
+    assert os.getpriority(os.PRIO_PROCESS, equal.pid) == ours

@@ -208,6 +208,24 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+# How much less CPU priority the model process takes than the media process (nice).
+DEFAULT_NICE = 10
+
+
+def _lower_priority() -> None:
+    """On a CPU that is fully busy, the media process (pacing, encoding) goes first:
+    a frame presented late is visible, a forward pass a little slower is smoothed by
+    the pacer. Idle CPU is unaffected. `REACTOR_MODEL_NICE` overrides (0: equal)."""
+    raw = os.environ.get("REACTOR_MODEL_NICE", str(DEFAULT_NICE))
+    try:
+        nice = int(raw)
+    except ValueError:
+        log.warning("REACTOR_MODEL_NICE=%r is not an integer: using %d", raw, DEFAULT_NICE)
+        nice = DEFAULT_NICE
+    if nice > 0:
+        os.nice(nice)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="reactor-model-process")
     parser.add_argument("--channel-fd", type=int, required=True)
@@ -215,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model_dir")
     args = parser.parse_args(argv)
     _die_with_parent(args.parent_pid)
+    _lower_priority()
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s %(levelname)s model-process[{os.getpid()}] %(name)s: %(message)s",
