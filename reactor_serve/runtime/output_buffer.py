@@ -4,8 +4,9 @@ A bounded, thread-safe queue of `FrameItem`s. Producers (the model loop's `emit`
 the older API's `emit_block` on its own thread) wait for space or drop; the consumer
 (`EmissionClock` on the media loop) takes one item per tick and never waits. The
 buffer also owns what both sides need to agree on: the target fps, the measured
-production rate, and the supply margin (how many frames were still queued when the
-next ones arrived), which the clock uses to keep latency low without running dry.
+production rate, and the supply margin (how long, in frames, what was queued would
+still have lasted when the next frames arrived), which the clock uses to keep latency
+low without running dry.
 """
 
 from __future__ import annotations
@@ -47,6 +48,19 @@ class OutputBuffer:
     # The spread is remembered longer than the margin: one late block is a warning
     # that the next may be late too.
     SPREAD_TIME_CONSTANT_S = 5.0
+    # The producer's own pace, that each arrival's lateness is measured against:
+    # frames over time across the arrivals of the last few seconds, and never fewer
+    # than the last few (two gaps at least: a session's first arrival is often off
+    # its pace).
+    PACE_WINDOW_S = 6.0
+    PACE_MIN_ARRIVALS = 3
+    # How long the lateness is averaged over: what a producer's delays add up to
+    # beyond this is drift the clock's correction follows, not jitter to cushion.
+    LATENESS_TIME_CONSTANT_S = 4.0
+    # Puts closer together than this many ticks are one arrival: a block emitted frame
+    # by frame brings its own frames, and counting them as margin would make a steady
+    # block producer look as if its supply swung by a block every period.
+    SAME_ARRIVAL_TICKS = 0.5
 
     def __init__(
         self,
@@ -72,9 +86,20 @@ class OutputBuffer:
         self._underruns_since_put = 0
         self._margin: float | None = None
         self._margin_at: float | None = None
-        # How much the margin varies from one arrival to the next (frames): the
-        # producer's timing jitter, which the cushion has to cover.
+        self._last_put_at: float | None = None
+        # (time, frames emitted before it) of recent arrivals: the producer's pace.
+        self._arrivals: collections.deque[tuple[float, int]] = collections.deque()
+        # Lateness summed over arrivals (frames), and its recent average: a producer
+        # whose delays add up (each block timed from the last) drifts further than
+        # one whose blocks keep a fixed schedule, and needs the larger cushion.
+        self._lateness = 0.0
+        self._lateness_mean = 0.0
+        # The clock's next slot and tick interval, as it last scheduled them.
+        self._next_tick: tuple[float, float] | None = None
+        # How far arrivals come off the producer's own pace (frames): its timing
+        # jitter, which the cushion has to cover.
         self._spread = 0.0
+        self._spread_weight = 0.0
         self.dropped = 0
         self.emitted = 0
         self.taken = 0
@@ -128,12 +153,26 @@ class OutputBuffer:
         return len(self._items)
 
     def margin_spread(self) -> float:
-        """Smoothed |arrival margin - its average|, in frames."""
-        return self._spread
+        """Smoothed spread of arrival times, in frames: how far the producer's summed
+        lateness (each arrival measured against the pace of the ones before it) has
+        strayed from its recent average, early or late. Its timing jitter, which the
+        cushion has to cover."""
+        if self._spread_weight <= 0.0:
+            return 0.0
+        return self._spread / self._spread_weight
 
     def margin(self) -> float | None:
-        """Smoothed frames still queued when new frames arrived (negative: ran dry)."""
+        """Smoothed supply margin at each arrival, in frames: how long what was queued
+        would still have lasted, counted in ticks from the arrival (a fraction of a
+        tick for the time until the next one). Near 0, an arrival's first frame is
+        presented at the next tick; negative, the queue had already run dry for that
+        many ticks."""
         return self._margin
+
+    def note_next_tick(self, slot: float, interval: float) -> None:
+        """The clock's next slot and its interval, so arrivals are measured against
+        the tick they will be presented at, not rounded to whole frames."""
+        self._next_tick = (slot, interval)
 
     def restart(self) -> None:
         """Start a new session: empty queue, fresh rate measurement."""
@@ -223,20 +262,70 @@ class OutputBuffer:
         return len(taken)
 
     def _note_arrival_locked(self) -> None:
-        depth = len(self._items)
-        sample = float(depth) if depth > 0 else -float(self._underruns_since_put)
-        sample = max(sample, self.MARGIN_FLOOR)
-        self._underruns_since_put = 0
         now = self.clock()
+        tick = self._next_tick
+        interval = tick[1] if tick is not None else 1.0 / self._target_fps
+        previous, self._last_put_at = self._last_put_at, now
+        underruns, self._underruns_since_put = self._underruns_since_put, 0
+        if (
+            self._margin is not None
+            and previous is not None
+            and now - previous < self.SAME_ARRIVAL_TICKS * interval
+        ):
+            return
+        if self._margin is None:
+            # The first arrival of a session (or after a flush): nothing was due
+            # before it, so the ticks that found the queue empty were no stall, and
+            # the pace starts over.
+            underruns = 0
+            self._arrivals.clear()
+            self._lateness = self._lateness_mean = 0.0
+            self._spread = self._spread_weight = 0.0
+        self._note_lateness_locked(now)
+        # Sampled once per arrival, with the time to the next tick: a steady block
+        # producer then gives the same sample every block.
+        until_tick = 0.0
+        if tick is not None and interval > 0:
+            until_tick = min(1.0, max(0.0, (tick[0] - now) / interval))
+        depth = len(self._items)
+        sample = depth + until_tick if depth > 0 else until_tick - underruns
+        sample = max(sample, self.MARGIN_FLOOR)
         if self._margin is None or self._margin_at is None:
             self._margin = sample
         else:
             elapsed = now - self._margin_at
             alpha = 1.0 - math.exp(-elapsed / self.MARGIN_TIME_CONSTANT_S)
-            beta = 1.0 - math.exp(-elapsed / self.SPREAD_TIME_CONSTANT_S)
-            self._spread += beta * (abs(sample - self._margin) - self._spread)
             self._margin += alpha * (sample - self._margin)
         self._margin_at = now
+
+    def _note_lateness_locked(self, now: float) -> None:
+        """Updates the spread from how far this arrival is off the producer's own pace.
+
+        Measured from arrival times and frame counts alone, not from the margin: the
+        clock's own corrections move the margin, and must not read as jitter."""
+        arrivals = self._arrivals
+        first_at, first_emitted = arrivals[0] if arrivals else (now, 0)
+        last_at, last_emitted = arrivals[-1] if arrivals else (now, 0)
+        if len(arrivals) >= self.PACE_MIN_ARRIVALS and last_at > first_at:
+            pace = (last_emitted - first_emitted) / (last_at - first_at)
+            brought = self.emitted - last_emitted
+            # Positive: later than the pace of the arrivals before it.
+            self._lateness += (now - last_at) * pace - brought
+            lag = 1.0 - math.exp(-(now - last_at) / self.LATENESS_TIME_CONSTANT_S)
+            deviation = abs(self._lateness - self._lateness_mean)
+            self._lateness_mean += lag * (self._lateness - self._lateness_mean)
+            beta = 1.0 - math.exp(-(now - last_at) / self.SPREAD_TIME_CONSTANT_S)
+            self._spread += beta * (deviation - self._spread)
+            # How much of the average is measurement rather than its zero start:
+            # dividing by it, the first seconds of a session see the jitter measured
+            # so far at full weight instead of a fraction of it.
+            self._spread_weight += beta * (1.0 - self._spread_weight)
+        arrivals.append((now, self.emitted))
+        while (
+            len(arrivals) > self.PACE_MIN_ARRIVALS
+            and now - arrivals[0][0] > self.PACE_WINDOW_S
+        ):
+            arrivals.popleft()
 
     # ---- consumer side ----------------------------------------------------------
 

@@ -5,6 +5,9 @@ Each emit contributes a sample of (frames, seconds of the model's own time): the
 time spent waiting for buffer space never counts as slowness). The rate is the sum
 of frames over the sum of seconds across a short window: about two seconds, and never
 fewer than the last few samples, so block producers are measured over whole blocks.
+A session's first sample stands alone only until the second comes: the first forward
+pass is often slow for reasons that do not recur (warm-up, the session's own start on
+the same machine), and a rate read low there would pace the next seconds too slowly.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class ProductionRate:
         self._last_return: float | None = None
         self._monitoring = True
         self._frozen: float | None = None
+        self._first_kept = False
 
     def restart(self) -> None:
         """Forget history (a new session). The first emit after this only marks where
@@ -39,6 +43,7 @@ class ProductionRate:
             self._last_return = None
             self._monitoring = True
             self._frozen = None
+            self._first_kept = False
 
     def record(self, now: float, frames: int, compute_time: float | None) -> None:
         """An emit of `frames` began at `now`."""
@@ -53,6 +58,13 @@ class ProductionRate:
                 return
             if seconds <= 0:
                 return
+            if self._first_kept:
+                self._first_kept = False
+                _, first_frames, first_seconds = self._samples.popleft()
+                self._frames -= first_frames
+                self._seconds -= first_seconds
+            elif not self._samples:
+                self._first_kept = True
             self._samples.append((now, frames, seconds))
             self._frames += frames
             self._seconds += seconds
