@@ -626,6 +626,27 @@ def test_spread_ignores_how_the_consumer_paces():
     assert buf.margin_spread() == pytest.approx(0.0, abs=1e-9)
 
 
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_declared_pause_is_no_lateness(declared):
+    """A model that pauses with monitoring disabled meant to: its steady blocks after
+    the pause show no spread. The same gap undeclared is a late block."""
+    clock = SimClock()
+    buf = OutputBuffer(24, 24, clock=clock)
+    times = [0.5 * k for k in range(10)] + [10.0 + 0.5 * k for k in range(10)]
+    for t in times:
+        if declared and t == 10.0:
+            buf.rate.set_monitoring(False, 5.0)
+            buf.rate.set_monitoring(True, 9.5)
+        clock.t = t
+        buf.put_nowait(_items(12))
+        while buf.depth():
+            buf.take()
+    if declared:
+        assert buf.margin_spread() == pytest.approx(0.0, abs=1e-9)
+    else:
+        assert buf.margin_spread() > 1.0
+
+
 def test_flush_resets_the_spread():
     clock = SimClock()
     buf = OutputBuffer(24, 24, clock=clock)

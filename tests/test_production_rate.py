@@ -245,6 +245,17 @@ def test_disable_monitoring_freezes_the_estimate():
     assert r.rate() == pytest.approx(24.0)
 
 
+def test_pauses_count_each_time_monitoring_is_disabled():
+    r = ProductionRate()
+    assert r.pauses == 0
+    r.set_monitoring(False, 1.0)
+    r.set_monitoring(False, 2.0)  # already paused: the same pause
+    assert r.pauses == 1
+    r.set_monitoring(True, 3.0)
+    r.set_monitoring(False, 4.0)
+    assert r.pauses == 2
+
+
 def test_disable_before_any_sample_freezes_none():
     r = ProductionRate()
     r.set_monitoring(False, 0.0)

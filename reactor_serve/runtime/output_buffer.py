@@ -94,6 +94,7 @@ class OutputBuffer:
         # one whose blocks keep a fixed schedule, and needs the larger cushion.
         self._lateness = 0.0
         self._lateness_mean = 0.0
+        self._pauses_seen = 0
         # The clock's next slot and tick interval, as it last scheduled them.
         self._next_tick: tuple[float, float] | None = None
         # How far arrivals come off the producer's own pace (frames): its timing
@@ -304,6 +305,12 @@ class OutputBuffer:
         Measured from arrival times and frame counts alone, not from the margin: the
         clock's own corrections move the margin, and must not read as jitter."""
         arrivals = self._arrivals
+        pauses = self.rate.pauses
+        if pauses != self._pauses_seen or not self.rate.monitoring:
+            # An intended pause (monitoring disabled) is no lateness: measure the
+            # pace afresh from here.
+            self._pauses_seen = pauses
+            arrivals.clear()
         first_at, first_emitted = arrivals[0] if arrivals else (now, 0)
         last_at, last_emitted = arrivals[-1] if arrivals else (now, 0)
         if len(arrivals) >= self.PACE_MIN_ARRIVALS and last_at > first_at:

@@ -33,6 +33,7 @@ class ProductionRate:
         self._monitoring = True
         self._frozen: float | None = None
         self._first_kept = False
+        self._pauses = 0
 
     def restart(self) -> None:
         """Forget history (a new session). The first emit after this only marks where
@@ -90,11 +91,18 @@ class ProductionRate:
                 self._frozen = None
             elif not enabled and self._monitoring:
                 self._frozen = self._rate_locked()
+                self._pauses += 1
             self._monitoring = enabled
 
     @property
     def monitoring(self) -> bool:
         return self._monitoring
+
+    @property
+    def pauses(self) -> int:
+        """How many times monitoring was disabled: a gap in production that spans one
+        was intended, and says nothing of the model's timing."""
+        return self._pauses
 
     def rate(self) -> float | None:
         """Frames per second, or None before there is anything to go on."""
