@@ -48,15 +48,15 @@ class OutputBuffer:
     # The spread is remembered longer than the margin: one late block is a warning
     # that the next may be late too.
     SPREAD_TIME_CONSTANT_S = 5.0
-    # The producer's own pace, that each arrival's lateness is measured against:
-    # frames over time across the arrivals of the last few seconds, and never fewer
-    # than the last few (two gaps at least: a session's first arrival is often off
-    # its pace).
+    # The producer's own pace, that each arrival's lateness is measured against: a
+    # line through the arrivals of the last few seconds, and never fewer than the
+    # last few (three gaps at least, so that one arrival off its schedule does not
+    # set the pace). How far a drifting producer can stray from it grows with the
+    # window, which so sets how much of that drift the cushion covers.
+    # At most PACE_MAX_ARRIVALS, so a fast per-frame producer costs little per put.
     PACE_WINDOW_S = 6.0
-    PACE_MIN_ARRIVALS = 3
-    # How long the lateness is averaged over: what a producer's delays add up to
-    # beyond this is drift the clock's correction follows, not jitter to cushion.
-    LATENESS_TIME_CONSTANT_S = 4.0
+    PACE_MIN_ARRIVALS = 4
+    PACE_MAX_ARRIVALS = 256
     # Puts closer together than this many ticks are one arrival: a block emitted frame
     # by frame brings its own frames, and counting them as margin would make a steady
     # block producer look as if its supply swung by a block every period.
@@ -89,11 +89,6 @@ class OutputBuffer:
         self._last_put_at: float | None = None
         # (time, frames emitted before it) of recent arrivals: the producer's pace.
         self._arrivals: collections.deque[tuple[float, int]] = collections.deque()
-        # Lateness summed over arrivals (frames), and its recent average: a producer
-        # whose delays add up (each block timed from the last) drifts further than
-        # one whose blocks keep a fixed schedule, and needs the larger cushion.
-        self._lateness = 0.0
-        self._lateness_mean = 0.0
         self._pauses_seen = 0
         # The clock's next slot and tick interval, as it last scheduled them.
         self._next_tick: tuple[float, float] | None = None
@@ -154,10 +149,9 @@ class OutputBuffer:
         return len(self._items)
 
     def margin_spread(self) -> float:
-        """Smoothed spread of arrival times, in frames: how far the producer's summed
-        lateness (each arrival measured against the pace of the ones before it) has
-        strayed from its recent average, early or late. Its timing jitter, which the
-        cushion has to cover."""
+        """Smoothed spread of arrival times, in frames: how far each arrival came off
+        the pace of the ones before it, early or late. The producer's timing jitter,
+        which the cushion has to cover."""
         if self._spread_weight <= 0.0:
             return 0.0
         return self._spread / self._spread_weight
@@ -280,7 +274,6 @@ class OutputBuffer:
             # the pace starts over.
             underruns = 0
             self._arrivals.clear()
-            self._lateness = self._lateness_mean = 0.0
             self._spread = self._spread_weight = 0.0
         self._note_lateness_locked(now)
         # Sampled once per arrival, with the time to the next tick: a steady block
@@ -303,7 +296,11 @@ class OutputBuffer:
         """Updates the spread from how far this arrival is off the producer's own pace.
 
         Measured from arrival times and frame counts alone, not from the margin: the
-        clock's own corrections move the margin, and must not read as jitter."""
+        clock's own corrections move the margin, and must not read as jitter. The
+        pace is a straight line fitted through the recent arrivals (frames so far
+        against time): a line takes a constant error in any rate out, one arrival
+        off its schedule moves it little, and a producer that drifts from it (each
+        block timed from the last) strays further the longer it goes."""
         arrivals = self._arrivals
         pauses = self.rate.pauses
         if pauses != self._pauses_seen or not self.rate.monitoring:
@@ -311,24 +308,35 @@ class OutputBuffer:
             # pace afresh from here.
             self._pauses_seen = pauses
             arrivals.clear()
-        first_at, first_emitted = arrivals[0] if arrivals else (now, 0)
-        last_at, last_emitted = arrivals[-1] if arrivals else (now, 0)
-        if len(arrivals) >= self.PACE_MIN_ARRIVALS and last_at > first_at:
-            pace = (last_emitted - first_emitted) / (last_at - first_at)
-            brought = self.emitted - last_emitted
-            # Positive: later than the pace of the arrivals before it.
-            self._lateness += (now - last_at) * pace - brought
-            lag = 1.0 - math.exp(-(now - last_at) / self.LATENESS_TIME_CONSTANT_S)
-            deviation = abs(self._lateness - self._lateness_mean)
-            self._lateness_mean += lag * (self._lateness - self._lateness_mean)
-            beta = 1.0 - math.exp(-(now - last_at) / self.SPREAD_TIME_CONSTANT_S)
+        if len(arrivals) >= self.PACE_MIN_ARRIVALS:
+            # Least squares in one pass, times and counts taken from the first.
+            t0, e0 = arrivals[0]
+            n = len(arrivals)
+            sum_t = sum_e = sum_tt = sum_te = 0.0
+            for t, e in arrivals:
+                t -= t0
+                e -= e0
+                sum_t += t
+                sum_e += e
+                sum_tt += t * t
+                sum_te += t * e
+            mean_t, mean_e = sum_t / n, sum_e / n
+            pace = (sum_te - n * mean_t * mean_e) / (sum_tt - n * mean_t * mean_t)
+            mean_t += t0
+            mean_e += e0
+            # Frames the pace would have brought by now, against those that came:
+            # more, the arrival is late; fewer, early.
+            expected = mean_e + pace * (now - mean_t)
+            deviation = abs(expected - self.emitted)
+            elapsed = now - arrivals[-1][0]
+            beta = 1.0 - math.exp(-elapsed / self.SPREAD_TIME_CONSTANT_S)
             self._spread += beta * (deviation - self._spread)
             # How much of the average is measurement rather than its zero start:
             # dividing by it, the first seconds of a session see the jitter measured
             # so far at full weight instead of a fraction of it.
             self._spread_weight += beta * (1.0 - self._spread_weight)
         arrivals.append((now, self.emitted))
-        while (
+        while len(arrivals) > self.PACE_MAX_ARRIVALS or (
             len(arrivals) > self.PACE_MIN_ARRIVALS
             and now - arrivals[0][0] > self.PACE_WINDOW_S
         ):
