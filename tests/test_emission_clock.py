@@ -702,6 +702,23 @@ def test_steady_block_producer_has_each_block_start_on_the_next_tick(fps):
     assert result.latencies(warm, end).max() < 12 * tick
 
 
+def test_a_rate_that_reads_high_still_settles_at_the_cushion():
+    """compute_time that leaves out the model's overhead (0.49 s reported for every
+    0.5 s block) reads the rate 2 % high; the clock paces by what arrives instead, so
+    the blocks still start on the tick after they land and none runs dry (ticking
+    at the rate read, a little fast, would run dry every few blocks)."""
+    duration, warm = 40.0, 20.0
+    result = simulate(
+        Producer(block=12, period=0.5, report_compute_time=True, compute_time=0.49),
+        fps=30, capacity=24, duration=duration,
+    )
+    end = duration - 0.5
+    assert result.buffer.rate.rate() == pytest.approx(12 / 0.49)
+    assert result.held(warm, end) == 0
+    assert _first_of_block_latencies(result, warm, end).max() < 1 / 24
+    assert result.new_rate(warm, end) == pytest.approx(24.0, rel=0.01)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_cushion_grows_for_a_jittery_producer(seed):
     """The same blocks, each 20 ms (half a frame) late or early at random: the clock

@@ -647,6 +647,31 @@ def test_a_declared_pause_is_no_lateness(declared):
         assert buf.margin_spread() > 1.0
 
 
+def test_arrival_rate_is_what_the_producer_delivers():
+    clock = SimClock()
+    buf = OutputBuffer(24, 30, clock=clock)
+    few = OutputBuffer.PACE_MIN_ARRIVALS
+    for k in range(few):
+        assert buf.arrival_rate() is None  # too few arrivals to fit a line through
+        clock.t = 0.5 * k
+        buf.record_emit(_items(12), 0.45)  # compute_time that reads 10 % high
+        buf.put_nowait(_items(12))
+        while buf.depth():
+            buf.take()
+    for k in range(few, 12):
+        clock.t = 0.5 * k + (0.01 if k % 2 else 0.0)
+        buf.record_emit(_items(12), 0.45)
+        buf.put_nowait(_items(12))
+        while buf.depth():
+            buf.take()
+    assert buf.rate.rate() == pytest.approx(12 / 0.45)
+    assert buf.arrival_rate() == pytest.approx(24.0, rel=0.02)
+    buf.flush()
+    clock.t = 100.0
+    buf.put_nowait(_items(12))
+    assert buf.arrival_rate() is None
+
+
 def test_flush_resets_the_spread():
     clock = SimClock()
     buf = OutputBuffer(24, 24, clock=clock)

@@ -1,17 +1,18 @@
 """`EmissionClock`: presents one frame per tick, evenly spaced, on the media loop.
 
-The tick rate is `fps_eff = min(target fps, measured production rate)`, nudged by the
-supply margin (how long the queue would still have lasted when the next frames
-arrived): more than the cushion aimed for is latency, so tick slightly faster; less,
-or a queue that ran dry, tick slightly slower. The cushion is a fraction of a tick
-plus a multiple of how much the producer's arrival times jitter, so a steady block
-producer has each block's first frame presented on the tick after it
-arrives and the queue running dry just as the next block lands, while a producer
+The tick rate is `fps_eff = min(target fps, measured production rate)` (that rate
+capped by what the arrivals deliver, where one from compute_time reads high), nudged
+by the supply margin (how long the queue would still have lasted when the next
+frames arrived): more than the cushion aimed for is latency, so tick slightly
+faster; less, or a queue that ran dry, tick slightly slower. The cushion is a
+fraction of a tick plus a multiple of how much the producer's arrival times jitter,
+so a steady block producer has each block's first frame presented on the tick after
+it arrives and the queue running dry just as the next block lands, while a producer
 whose timing jitters keeps frames in hand. The nudge is small and bounded, so
-intervals stay even; an integral trim removes the offset a biased rate estimate would
-leave. An empty queue holds the last frame; before the first frame and after a flush
-the client sees black. Timestamps come from the slots, not from when the consumer
-happened to ask: 90 kHz for video, 48 kHz for audio, one clock for both.
+intervals stay even; an integral trim removes the offset a biased rate estimate
+would leave. An empty queue holds the last frame; before the first frame and after a
+flush the client sees black. Timestamps come from the slots, not from when the
+consumer happened to ask: 90 kHz for video, 48 kHz for audio, one clock for both.
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ class EmissionClock:
     # start settles within a few blocks while later noise is still followed gently.
     SETTLE_S = 4.0
     # A production rate measured from compute_time leaves out the model's overhead
-    # around it, so it reads a little high, and proportional correction alone would
-    # then settle below the cushion. A trim integrates the remaining error over this
-    # many seconds (critically damped with the horizon above), within TRIM_LIMIT.
+    # around it, so it reads a little high (the arrivals' own rate caps it, but
+    # only once a few have come), and proportional correction alone would then
+    # settle off the cushion. A trim integrates the remaining error over this many
+    # seconds (critically damped with the horizon above), within TRIM_LIMIT.
     TRIM_TIME_S = 8.0
     TRIM_LIMIT = 0.04
     # Latency can only be worked off by presenting faster than frames come. When the
@@ -139,6 +141,13 @@ class EmissionClock:
         if rate > target * (1.0 + self.RATE_TOLERANCE):
             base, ceiling = rate, target
         else:
+            # Frames cannot be presented faster than they come: where the rate from
+            # the model's own time reads above what its arrivals deliver, pace by
+            # the arrivals. (Not for a model faster than the target, above: held back
+            # by backpressure, its arrivals only echo the clock.)
+            delivered = self.buffer.arrival_rate()
+            if delivered is not None:
+                rate = min(rate, delivered)
             base, ceiling = min(rate, target), target * (1.0 + self.MAX_CORRECTION)
         margin = self.buffer.margin()
         if margin is None:

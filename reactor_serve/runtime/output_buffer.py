@@ -90,6 +90,8 @@ class OutputBuffer:
         # (time, frames emitted before it) of recent arrivals: the producer's pace.
         self._arrivals: collections.deque[tuple[float, int]] = collections.deque()
         self._pauses_seen = 0
+        # Frames per second along that line: what the producer has been delivering.
+        self._pace: float | None = None
         # The clock's next slot and tick interval, as it last scheduled them.
         self._next_tick: tuple[float, float] | None = None
         # How far arrivals come off the producer's own pace (frames): its timing
@@ -161,8 +163,15 @@ class OutputBuffer:
         would still have lasted, counted in ticks from the arrival (a fraction of a
         tick for the time until the next one). Near 0, an arrival's first frame is
         presented at the next tick; negative, the queue had already run dry for that
-        many ticks."""
+        many ticks, each showing a frame again."""
         return self._margin
+
+    def arrival_rate(self) -> float | None:
+        """Frames per second the producer has been delivering, from a line through
+        its recent arrivals (wall-clock time, so a rate from compute_time that
+        leaves out some of the model's overhead can be checked against it); None
+        until a few arrivals have come."""
+        return self._pace
 
     def note_next_tick(self, slot: float, interval: float) -> None:
         """The clock's next slot and its interval, so arrivals are measured against
@@ -274,6 +283,7 @@ class OutputBuffer:
             # the pace starts over.
             underruns = 0
             self._arrivals.clear()
+            self._pace = None
             self._spread = self._spread_weight = 0.0
         self._note_lateness_locked(now)
         # Sampled once per arrival, with the time to the next tick: a steady block
@@ -282,7 +292,15 @@ class OutputBuffer:
         if tick is not None and interval > 0:
             until_tick = min(1.0, max(0.0, (tick[0] - now) / interval))
         depth = len(self._items)
-        sample = depth + until_tick if depth > 0 else until_tick - underruns
+        if underruns:
+            # Each tick that found the queue empty showed a frame again: a whole
+            # frame of stall, however soon after it the arrival came. (Counting
+            # only the part of a tick it was late by would let a clock running a
+            # little fast settle into a hold every few blocks, each one putting
+            # the arrivals back ahead of the ticks.)
+            sample = -float(underruns)
+        else:
+            sample = depth + until_tick
         sample = max(sample, self.MARGIN_FLOOR)
         if self._margin is None or self._margin_at is None:
             self._margin = sample
@@ -308,6 +326,7 @@ class OutputBuffer:
             # pace afresh from here.
             self._pauses_seen = pauses
             arrivals.clear()
+            self._pace = None
         if len(arrivals) >= self.PACE_MIN_ARRIVALS:
             # Least squares in one pass, times and counts taken from the first.
             t0, e0 = arrivals[0]
@@ -324,6 +343,7 @@ class OutputBuffer:
             pace = (sum_te - n * mean_t * mean_e) / (sum_tt - n * mean_t * mean_t)
             mean_t += t0
             mean_e += e0
+            self._pace = pace if pace > 0 else None
             # Frames the pace would have brought by now, against those that came:
             # more, the arrival is late; fewer, early.
             expected = mean_e + pace * (now - mean_t)
