@@ -612,6 +612,15 @@ def test_spread_measures_late_arrivals():
     assert buf.margin_spread() > 0.1
 
 
+def test_a_sessions_irregular_start_is_not_read_as_jitter():
+    """The first blocks of a session come late and early while the connection and
+    the encoder start up; after that the producer is steady, and shows no spread."""
+    clock = SimClock()
+    buf = OutputBuffer(24, 24, clock=clock)
+    _steady_blocks(buf, clock, 30, False, late={1: 0.03, 2: -0.02, 3: 0.01})
+    assert buf.margin_spread() == pytest.approx(0.0, abs=1e-9)
+
+
 def test_spread_ignores_how_the_consumer_paces():
     """The clock's own corrections move the margin, not the producer's timing: a
     steady producer shows no spread however unevenly its frames are taken."""

@@ -55,6 +55,10 @@ class OutputBuffer:
     # window, which so sets how much of that drift the cushion covers.
     # At most PACE_MAX_ARRIVALS, so a fast per-frame producer costs little per put.
     PACE_WINDOW_S = 6.0
+    # The first seconds of a session (or after a flush) are left out: the session's
+    # own start (the connection, the first frames encoded) delays those arrivals
+    # for reasons that do not recur, and would read as seconds of jitter.
+    PACE_START_S = 2.0
     PACE_MIN_ARRIVALS = 4
     PACE_MAX_ARRIVALS = 256
     # Puts closer together than this many ticks are one arrival: a block emitted frame
@@ -90,6 +94,7 @@ class OutputBuffer:
         # (time, frames emitted before it) of recent arrivals: the producer's pace.
         self._arrivals: collections.deque[tuple[float, int]] = collections.deque()
         self._pauses_seen = 0
+        self._first_arrival_at = 0.0
         # Frames per second along that line: what the producer has been delivering.
         self._pace: float | None = None
         # The clock's next slot and tick interval, as it last scheduled them.
@@ -285,7 +290,9 @@ class OutputBuffer:
             self._arrivals.clear()
             self._pace = None
             self._spread = self._spread_weight = 0.0
-        self._note_lateness_locked(now)
+            self._first_arrival_at = now
+        elif now - self._first_arrival_at >= self.PACE_START_S:
+            self._note_lateness_locked(now)
         # Sampled once per arrival, with the time to the next tick: a steady block
         # producer then gives the same sample every block.
         until_tick = 0.0
