@@ -49,18 +49,18 @@ class OutputBuffer:
     # that the next may be late too.
     SPREAD_TIME_CONSTANT_S = 5.0
     # The producer's own pace, that each arrival's lateness is measured against: a
-    # line through the arrivals of the last few seconds, and never fewer than the
-    # last few (three gaps at least, so that one arrival off its schedule does not
-    # set the pace). How far a drifting producer can stray from it grows with the
-    # window, which so sets how much of that drift the cushion covers.
-    # At most PACE_MAX_ARRIVALS, so a fast per-frame producer costs little per put.
+    # line through the arrivals of the last PACE_WINDOW_S, never fewer than
+    # PACE_MIN_ARRIVALS (three gaps, so that one arrival off its schedule does not
+    # set the pace) and never more than PACE_MAX_ARRIVALS (so a fast per-frame
+    # producer costs little per put). How far a drifting producer can stray from
+    # the line grows with the window, which so sets how much drift the cushion covers.
     PACE_WINDOW_S = 6.0
+    PACE_MIN_ARRIVALS = 4
+    PACE_MAX_ARRIVALS = 256
     # The first seconds of a session (or after a flush) are left out: the session's
     # own start (the connection, the first frames encoded) delays those arrivals
     # for reasons that do not recur, and would read as seconds of jitter.
     PACE_START_S = 2.0
-    PACE_MIN_ARRIVALS = 4
-    PACE_MAX_ARRIVALS = 256
     # Puts closer together than this many ticks are one arrival: a block emitted frame
     # by frame brings its own frames, and counting them as margin would make a steady
     # block producer look as if its supply swung by a block every period.
