@@ -59,6 +59,9 @@ class EmissionClock:
     # finds frames still queued instead of an empty buffer.
     MARGIN_GOAL = 0.3
     SPREAD_FACTOR = 5.0
+    # Until the buffer has measured that jitter (a few seconds into a session), a
+    # whole frame: a session's first seconds must not be the ones that stall.
+    UNMEASURED_GOAL = 1.0
     # Seconds over which excess (or missing) cushion is worked off; and the largest
     # relative speed-up or slow-down that correction may apply.
     CORRECTION_HORIZON_S = 2.0
@@ -123,6 +126,8 @@ class EmissionClock:
 
     def margin_goal(self) -> float:
         """The cushion aimed for, in frames: never more than a quarter of the buffer."""
+        if not self.buffer.jitter_measured:
+            return min(self.UNMEASURED_GOAL, self.MARGIN_GOAL + self.buffer.capacity / 4)
         jitter = self.SPREAD_FACTOR * self.buffer.margin_spread()
         return self.MARGIN_GOAL + min(jitter, self.buffer.capacity / 4)
 

@@ -163,6 +163,12 @@ class OutputBuffer:
             return 0.0
         return self._spread / self._spread_weight
 
+    @property
+    def jitter_measured(self) -> bool:
+        """Whether enough arrivals have come (past a session's start) for
+        `margin_spread()` to say how much the producer's timing jitters."""
+        return self._spread_weight > 0.0
+
     def margin(self) -> float | None:
         """Smoothed supply margin at each arrival, in frames: how long what was queued
         would still have lasted, counted in ticks from the arrival (a fraction of a
