@@ -471,14 +471,34 @@ def test_margin_is_smoothed_over_time():
 def test_margin_negative_after_underruns():
     clock = SimClock()
     buf = OutputBuffer(8, 30, clock=clock)
+    buf.put_nowait(_items(1))
+    assert buf.take() is not None
     assert buf.take() is None
     assert buf.take() is None
+    clock.t = 100.0
     buf.put_nowait(_items(2))
     assert buf.margin() == pytest.approx(-2.0)
     # Underruns are counted per put: the next put with frames still queued is positive.
-    clock.t = 100.0
+    clock.t = 200.0
     buf.put_nowait(_items(1))
     assert buf.margin() == pytest.approx(2.0)
+
+
+def test_first_arrival_of_a_session_is_no_stall():
+    """Before the first frame (and after a flush) the clock shows black on an empty
+    queue: nothing was due, so those ticks do not count as running dry."""
+    clock = SimClock()
+    buf = OutputBuffer(8, 30, clock=clock)
+    for _ in range(20):
+        assert buf.take() is None
+    buf.put_nowait(_items(2))
+    assert buf.margin() == pytest.approx(0.0)
+    buf.flush()
+    for _ in range(5):
+        assert buf.take() is None
+    clock.t = 100.0
+    buf.put_nowait(_items(1))
+    assert buf.margin() == pytest.approx(0.0)
 
 
 def test_margin_counts_underruns_since_last_put_only():
@@ -486,8 +506,8 @@ def test_margin_counts_underruns_since_last_put_only():
     buf = OutputBuffer(8, 30, clock=clock)
     buf.put_nowait(_items(1))
     buf.take()
-    clock.t = 100.0
     buf.take()  # one underrun
+    clock.t = 100.0
     buf.put_nowait(_items(1))
     assert buf.margin() == pytest.approx(-1.0)
     clock.t = 200.0
@@ -499,8 +519,10 @@ def test_margin_counts_underruns_since_last_put_only():
 def test_margin_floor_bounds_long_stalls():
     clock = SimClock()
     buf = OutputBuffer(8, 30, clock=clock)
+    buf.put_nowait(_items(1))
     for _ in range(100):
         buf.take()
+    clock.t = 100.0
     buf.put_nowait(_items(1))
     assert buf.margin() == pytest.approx(OutputBuffer.MARGIN_FLOOR)
     assert OutputBuffer.MARGIN_FLOOR < 0
@@ -525,6 +547,147 @@ def test_flush_clears_pending_underruns():
     buf.flush()
     buf.put_nowait(_items(1))
     assert buf.margin() == pytest.approx(0.0)
+
+
+def test_margin_counts_the_time_to_the_next_tick():
+    """An arrival is measured against the tick that will present it: 0.25 of a tick
+    before it, an empty queue gives 0.25, and two queued frames 2.25."""
+    clock = SimClock()
+    buf = OutputBuffer(16, 20, clock=clock)
+    clock.t = 10.0
+    buf.note_next_tick(10.0125, 0.05)
+    buf.put_nowait(_items(2))
+    assert buf.margin() == pytest.approx(0.25)
+    clock.t = 100.0
+    buf.note_next_tick(100.0125, 0.05)
+    buf.put_nowait(_items(1))
+    assert buf.margin() == pytest.approx(2.25)
+    # A consumer running late (its next slot already past) counts no fraction.
+    clock.t = 200.0
+    buf.note_next_tick(199.9, 0.05)
+    for _ in range(3):
+        buf.take()
+    buf.put_nowait(_items(1))
+    assert buf.margin() == pytest.approx(0.0)
+
+
+def _steady_blocks(buf: OutputBuffer, clock: SimClock, blocks: int, frame_by_frame: bool,
+                   late: dict[int, float] | None = None) -> list[float]:
+    """12-frame blocks every 0.5 s on a fixed schedule (some `late` by seconds),
+    presented at 24 fps from a tick 10 ms after each block's nominal time."""
+    margins = []
+    tick = 1 / 24
+    for k in range(blocks):
+        arrival = 0.5 * k + (late or {}).get(k, 0.0)
+        clock.t = arrival
+        buf.note_next_tick(0.5 * k + 0.01, tick)
+        if frame_by_frame:
+            for n, item in enumerate(_items(12)):
+                clock.t = arrival + n * 0.0005
+                buf.put_nowait([item])
+        else:
+            buf.put_nowait(_items(12))
+        margins.append(buf.margin())
+        for _ in range(12):
+            buf.take()
+    return margins
+
+
+@pytest.mark.parametrize("frame_by_frame", [False, True])
+def test_a_steady_block_producer_shows_a_steady_margin_and_no_spread(frame_by_frame):
+    """Measured once per arrival: a block put frame by frame is one arrival, not a
+    sawtooth of 0..11 frames queued that would read as jitter."""
+    clock = SimClock()
+    buf = OutputBuffer(24, 24, clock=clock)
+    margins = _steady_blocks(buf, clock, 20, frame_by_frame)
+    assert margins[-1] == pytest.approx(0.24)  # 10 ms of a 41.7 ms tick
+    assert buf.margin_spread() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_spread_measures_late_arrivals():
+    clock = SimClock()
+    buf = OutputBuffer(24, 24, clock=clock)
+    # The same schedule, with a block now and then 20 ms (half a frame) late.
+    _steady_blocks(buf, clock, 30, False, late={k: 0.02 for k in range(6, 30, 4)})
+    assert buf.margin_spread() > 0.1
+
+
+def test_a_sessions_irregular_start_is_not_read_as_jitter():
+    """The first blocks of a session come late and early while the connection and
+    the encoder start up; after that the producer is steady, and shows no spread."""
+    clock = SimClock()
+    buf = OutputBuffer(24, 24, clock=clock)
+    _steady_blocks(buf, clock, 30, False, late={1: 0.03, 2: -0.02, 3: 0.01})
+    assert buf.margin_spread() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_spread_ignores_how_the_consumer_paces():
+    """The clock's own corrections move the margin, not the producer's timing: a
+    steady producer shows no spread however unevenly its frames are taken."""
+    clock = SimClock()
+    buf = OutputBuffer(24, 24, clock=clock)
+    for k in range(30):
+        clock.t = 0.5 * k
+        buf.put_nowait(_items(12))
+        while buf.depth() > k % 3:  # 0, 1 or 2 frames left over
+            buf.take()
+    assert 0.5 < buf.margin() < 2.0
+    assert buf.margin_spread() == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_declared_pause_is_no_lateness(declared):
+    """A model that pauses with monitoring disabled meant to: its steady blocks after
+    the pause show no spread. The same gap undeclared is a late block."""
+    clock = SimClock()
+    buf = OutputBuffer(24, 24, clock=clock)
+    times = [0.5 * k for k in range(10)] + [10.0 + 0.5 * k for k in range(10)]
+    for t in times:
+        if declared and t == 10.0:
+            buf.rate.set_monitoring(False, 5.0)
+            buf.rate.set_monitoring(True, 9.5)
+        clock.t = t
+        buf.put_nowait(_items(12))
+        while buf.depth():
+            buf.take()
+    if declared:
+        assert buf.margin_spread() == pytest.approx(0.0, abs=1e-9)
+    else:
+        assert buf.margin_spread() > 1.0
+
+
+def test_arrival_rate_is_what_the_producer_delivers():
+    clock = SimClock()
+    buf = OutputBuffer(24, 30, clock=clock)
+    few = OutputBuffer.PACE_MIN_ARRIVALS
+    for k in range(few):
+        assert buf.arrival_rate() is None  # too few arrivals to fit a line through
+        clock.t = 0.5 * k
+        buf.record_emit(_items(12), 0.45)  # compute_time that reads 10 % high
+        buf.put_nowait(_items(12))
+        while buf.depth():
+            buf.take()
+    for k in range(few, 12):
+        clock.t = 0.5 * k + (0.01 if k % 2 else 0.0)
+        buf.record_emit(_items(12), 0.45)
+        buf.put_nowait(_items(12))
+        while buf.depth():
+            buf.take()
+    assert buf.rate.rate() == pytest.approx(12 / 0.45)
+    assert buf.arrival_rate() == pytest.approx(24.0, rel=0.02)
+    buf.flush()
+    clock.t = 100.0
+    buf.put_nowait(_items(12))
+    assert buf.arrival_rate() is None
+
+
+def test_flush_resets_the_spread():
+    clock = SimClock()
+    buf = OutputBuffer(24, 24, clock=clock)
+    _steady_blocks(buf, clock, 30, False, late={k: 0.02 for k in range(6, 30, 4)})
+    assert buf.margin_spread() > 0.1
+    buf.flush()
+    assert buf.margin_spread() == 0.0
 
 
 def test_full_put_takes_no_margin_sample():

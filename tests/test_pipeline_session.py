@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from conftest import connected
 
+from reactor_serve.runtime.driver import LocalClient
+
 from reactor_serve.interface import (
     BufferClosed,
     Idle,
@@ -423,3 +425,33 @@ async def test_closed_buffer_read_raises_buffer_closed_in_model_code():
     buffer.close()
     with pytest.raises(BufferClosed):
         await buffer.read(1)
+
+
+class SlowFirstForward(ReactorPipeline):
+    output: PipeOut
+
+    def load(self, config):
+        self.release = threading.Event()
+
+    def inference(self):
+        # A first forward pass that lasts until the test lets it end.
+        self.release.wait(60)
+        while True:
+            yield PipeOut(main_video=level_frame(7))
+
+
+async def test_a_session_opens_without_waiting_for_the_first_forward_pass(host_of):
+    # The client's SDP answer waits for the session to open: the model's first forward
+    # pass (half a second for a real model) must not hold it. If it did, connect()
+    # would wait for `release`, which is only set after it returns.
+    host = host_of(SlowFirstForward)
+    client = LocalClient(host)
+    try:
+        await asyncio.wait_for(client.connect(), 30)
+    finally:
+        host.model.release.set()
+    try:
+        frame = await client.next_frame()
+        assert frame.image[0, 0, 0] == 7
+    finally:
+        await client.close()

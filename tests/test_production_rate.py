@@ -78,10 +78,27 @@ def test_time_blocked_inside_emit_is_not_counted():
 def test_sample_uses_latest_return_not_previous_call():
     r = ProductionRate()
     r.returned(0.0)
-    r.record(1.0, 10, None)  # 10 frames / 1.0 s
-    r.returned(3.0)  # blocked two seconds
-    r.record(3.25, 10, None)  # 10 frames / 0.25 s (not 2.25 s)
+    _emit(r, 0.5, 10)  # the session's first sample: dropped once there is another
+    r.record(1.5, 10, None)  # 10 frames / 1.0 s
+    r.returned(3.5)  # blocked two seconds
+    r.record(3.75, 10, None)  # 10 frames / 0.25 s (not 2.25 s)
     assert r.rate() == pytest.approx(20 / 1.25)
+
+
+def test_first_sample_stands_alone_until_the_second_comes():
+    r = ProductionRate()
+    # A slow first forward pass (warm-up), then the model's real pace.
+    r.record(0.0, 12, 1.0)
+    assert r.rate() == pytest.approx(12.0)  # all there is to go on
+    r.record(0.5, 12, 0.5)
+    assert r.rate() == pytest.approx(24.0)  # not 24 frames / 1.5 s
+    r.record(1.0, 12, 0.4)
+    assert r.rate() == pytest.approx(24 / 0.9)  # later samples all count
+    # After a restart the next session's first sample is dropped the same way.
+    r.restart()
+    r.record(5.0, 12, 2.0)
+    r.record(5.5, 12, 0.5)
+    assert r.rate() == pytest.approx(24.0)
 
 
 def test_non_positive_interval_gives_no_sample():
@@ -226,6 +243,17 @@ def test_disable_monitoring_freezes_the_estimate():
     _emit(r, t + 10.0, 1)
     _emit(r, t + 20.0, 100, compute_time=0.01)
     assert r.rate() == pytest.approx(24.0)
+
+
+def test_pauses_count_each_time_monitoring_is_disabled():
+    r = ProductionRate()
+    assert r.pauses == 0
+    r.set_monitoring(False, 1.0)
+    r.set_monitoring(False, 2.0)  # already paused: the same pause
+    assert r.pauses == 1
+    r.set_monitoring(True, 3.0)
+    r.set_monitoring(False, 4.0)
+    assert r.pauses == 2
 
 
 def test_disable_before_any_sample_freezes_none():

@@ -104,6 +104,10 @@ class PipelineDriver:
     async def _drive(self, session: Session) -> None:
         host = self._host
         generator: Any = None
+        # The connect that started this task reports back to the media side from this
+        # loop's next turn. Yield once first, so the session's SDP answer never waits
+        # for the first forward pass (a sync generator blocks the loop for all of it).
+        await asyncio.sleep(0)
         try:
             while not session.stopping:
                 if generator is None:

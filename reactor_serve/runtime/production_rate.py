@@ -5,6 +5,9 @@ Each emit contributes a sample of (frames, seconds of the model's own time): the
 time spent waiting for buffer space never counts as slowness). The rate is the sum
 of frames over the sum of seconds across a short window: about two seconds, and never
 fewer than the last few samples, so block producers are measured over whole blocks.
+A session's first sample stands alone only until the second comes: the first forward
+pass is often slow for reasons that do not recur (warm-up, the session's own start on
+the same machine), and a rate read low there would pace the next seconds too slowly.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ class ProductionRate:
         self._last_return: float | None = None
         self._monitoring = True
         self._frozen: float | None = None
+        self._first_kept = False
+        self._pauses = 0
 
     def restart(self) -> None:
         """Forget history (a new session). The first emit after this only marks where
@@ -39,6 +44,7 @@ class ProductionRate:
             self._last_return = None
             self._monitoring = True
             self._frozen = None
+            self._first_kept = False
 
     def record(self, now: float, frames: int, compute_time: float | None) -> None:
         """An emit of `frames` began at `now`."""
@@ -53,6 +59,13 @@ class ProductionRate:
                 return
             if seconds <= 0:
                 return
+            if self._first_kept:
+                self._first_kept = False
+                _, first_frames, first_seconds = self._samples.popleft()
+                self._frames -= first_frames
+                self._seconds -= first_seconds
+            elif not self._samples:
+                self._first_kept = True
             self._samples.append((now, frames, seconds))
             self._frames += frames
             self._seconds += seconds
@@ -78,11 +91,18 @@ class ProductionRate:
                 self._frozen = None
             elif not enabled and self._monitoring:
                 self._frozen = self._rate_locked()
+                self._pauses += 1
             self._monitoring = enabled
 
     @property
     def monitoring(self) -> bool:
         return self._monitoring
+
+    @property
+    def pauses(self) -> int:
+        """How many times monitoring was disabled: a gap in production that spans one
+        was intended, and says nothing of the model's timing."""
+        return self._pauses
 
     def rate(self) -> float | None:
         """Frames per second, or None before there is anything to go on."""
