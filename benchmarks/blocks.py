@@ -28,9 +28,9 @@ reads the model's stamps back (clocks on one machine):
 
 Targets (issue #12): fps >= 23.8 of 24 and interval_ms_std <= 3 in both cases,
 latency_ms_first_in_block_p50 <= 30 for the sleeping model (the official runtime:
-29 ms), ttff_ms <= 700. Today's runtime runs the model on a thread beside the media
-loop, so the "gil" case is expected to miss them until the model moves into its own
-process; the figures printed are the baseline.
+29 ms), ttff_ms <= 700. `reactor run` runs the model in a process of its own, so the
+"gil" case holds only the model's GIL; the plain-aiortc server runs it on a thread
+beside its media loop, as a single-process server does.
 """
 
 from __future__ import annotations
