@@ -90,6 +90,7 @@ def process_of():
         ("segfault", "was killed by SIGSEGV (signal 11)"),
         ("exit", "exited with code 3"),
         ("kill", "was killed by SIGKILL (signal 9)"),
+        ("sys.exit", "exited with code 1"),
     ],
 )
 def test_a_dying_model_process_ends_the_session_with_how_it_died_and_the_next_session_works(

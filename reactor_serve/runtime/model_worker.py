@@ -44,6 +44,7 @@ class _Worker:
         self.sessions: dict[str, Session] = {}
         self.loop = asyncio.new_event_loop()
         self.done = threading.Event()
+        self.failed = False
 
     # ---- life ------------------------------------------------------------------------
 
@@ -56,7 +57,7 @@ class _Worker:
             self.loop.run_until_complete(self._until_done())
         finally:
             self._shutdown()
-        return 0
+        return 1 if self.failed else 0
 
     def _load(self) -> bool:
         import time
@@ -97,10 +98,17 @@ class _Worker:
                 if os.getppid() != self.parent_pid:
                     log.error("the media process is gone: the model process exits")
                     self.done.set()
+                elif self.host is not None and not self.host.healthy:
+                    # sys.exit() or KeyboardInterrupt in model code ends its loop; a
+                    # new process is the way back, and the media process starts one.
+                    log.error("the model's thread has ended: the model process exits")
+                    self.failed = True
+                    self.done.set()
 
     def _shutdown(self) -> None:
         host = self.host
-        if host is not None:
+        # After a failure the media process tells the session why, from our exit.
+        if host is not None and not self.failed:
             host.shutdown()
         if self.output is not None:
             self.output.close()

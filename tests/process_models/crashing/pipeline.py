@@ -6,6 +6,7 @@
 import ctypes
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ class Crashing(ReactorPipeline):
             raise RuntimeError(f"simulated load failure ({marker} exists)")
         self.count = 0
         self.hang = False
+        self.exit_now = False
 
     @event(name="crash", description="Die in the way named")
     def crash(self, how: str = "segfault"):
@@ -35,6 +37,8 @@ class Crashing(ReactorPipeline):
             os.kill(os.getpid(), signal.SIGKILL)
         elif how == "hang":
             self.hang = True
+        elif how == "sys.exit":
+            self.exit_now = True
         else:
             raise RuntimeError(f"simulated handler failure: {how}")
 
@@ -46,4 +50,6 @@ class Crashing(ReactorPipeline):
             time.sleep(0.01)
             while self.hang:  # a forward pass that never returns
                 time.sleep(1)
+            if self.exit_now:
+                sys.exit(5)  # ends the model's loop, not the process
             yield frame
