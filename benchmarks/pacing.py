@@ -200,6 +200,25 @@ def _run(config: dict[str, Any], duration_s: float, in_process: bool = False) ->
         return asyncio.run(measure(model_dir, duration_s, in_process))
 
 
+# Decimal places each figure is printed with (None: a count, printed as is).
+_DIGITS = {
+    "fps_out": 3, "fps_produced": 3, "interval_ms_std": 3, "interval_ms_max": 2,
+    "late_frames": None, "held_frames": None, "slot_interval_ms_std": 3,
+    "lateness_ms_p99": 2, "latency_ms_p95": 1, "overhead_us_per_frame": 1,
+    "media_us_per_frame": 1, "emit_us_per_frame": 1, "model_process_us_per_frame": 1,
+}
+_GIL_FIELDS = ("interval_ms_std", "interval_ms_max", "fps_out", "fps_produced", "late_frames",
+               "slot_interval_ms_std", "lateness_ms_p99")
+
+
+def _fields(prefix: str, case: dict, names: tuple[str, ...]) -> dict:
+    """`names` of one case's figures, rounded, under `prefix`."""
+    return {
+        prefix + name: case[name] if _DIGITS[name] is None else round(case[name], _DIGITS[name])
+        for name in names
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=12.0, help="seconds per case")
@@ -212,37 +231,14 @@ def main() -> None:
     gil_here = _run(gil_case, args.duration, in_process=True)
     baseline = asyncio.run(loop_wake_baseline())
     result = {
-        "fps_out": round(plain["fps_out"], 3),
-        "fps_produced": round(plain["fps_produced"], 3),
-        "interval_ms_std": round(plain["interval_ms_std"], 3),
-        "interval_ms_max": round(plain["interval_ms_max"], 2),
-        "late_frames": plain["late_frames"],
-        "slot_interval_ms_std": round(plain["slot_interval_ms_std"], 3),
-        "lateness_ms_p99": round(plain["lateness_ms_p99"], 2),
-        "latency_ms_p95": round(plain["latency_ms_p95"], 1),
-        "overhead_us_per_frame": round(plain["overhead_us_per_frame"], 1),
-        "media_us_per_frame": round(plain["media_us_per_frame"], 1),
-        "emit_us_per_frame": round(plain["emit_us_per_frame"], 1),
-        "model_process_us_per_frame": round(plain["model_process_us_per_frame"], 1),
+        **_fields("", plain, ("fps_out", "fps_produced", "interval_ms_std", "interval_ms_max",
+                              "late_frames", "slot_interval_ms_std", "lateness_ms_p99",
+                              "latency_ms_p95", "overhead_us_per_frame", "media_us_per_frame",
+                              "emit_us_per_frame", "model_process_us_per_frame")),
         "loop_wake_us_baseline": round(baseline, 1),
-        "blocking_model_interval_ms_std": round(blocking["interval_ms_std"], 3),
-        "blocking_model_interval_ms_max": round(blocking["interval_ms_max"], 2),
-        "blocking_model_late_frames": blocking["late_frames"],
-        "gil_model_interval_ms_std": round(gil["interval_ms_std"], 3),
-        "gil_model_interval_ms_max": round(gil["interval_ms_max"], 2),
-        "gil_model_fps_out": round(gil["fps_out"], 3),
-        "gil_model_fps_produced": round(gil["fps_produced"], 3),
-        "gil_model_late_frames": gil["late_frames"],
-        "gil_model_slot_interval_ms_std": round(gil["slot_interval_ms_std"], 3),
-        "gil_model_lateness_ms_p99": round(gil["lateness_ms_p99"], 2),
-        "gil_model_held_frames": gil["held_frames"],
-        "gil_model_in_process_interval_ms_std": round(gil_here["interval_ms_std"], 3),
-        "gil_model_in_process_interval_ms_max": round(gil_here["interval_ms_max"], 2),
-        "gil_model_in_process_fps_out": round(gil_here["fps_out"], 3),
-        "gil_model_in_process_fps_produced": round(gil_here["fps_produced"], 3),
-        "gil_model_in_process_late_frames": gil_here["late_frames"],
-        "gil_model_in_process_slot_interval_ms_std": round(gil_here["slot_interval_ms_std"], 3),
-        "gil_model_in_process_lateness_ms_p99": round(gil_here["lateness_ms_p99"], 2),
+        **_fields("blocking_model_", blocking, ("interval_ms_std", "interval_ms_max", "late_frames")),
+        **_fields("gil_model_", gil, _GIL_FIELDS + ("held_frames",)),
+        **_fields("gil_model_in_process_", gil_here, _GIL_FIELDS),
         "held_frames": plain["held_frames"] + blocking["held_frames"],
         "nominal_interval_ms": round(1000.0 / 24, 2),
     }
