@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,27 +53,36 @@ class ReactorRun:
     pid: int
 
 
-@contextlib.asynccontextmanager
-async def reactor_run_of(model: Path, config: dict[str, Any]) -> AsyncIterator[ReactorRun]:
-    """`reactor run` of a copy of `model` whose config.yml is `config`, healthy; the
-    process stopped and the copy removed after."""
+@contextlib.contextmanager
+def model_copy_of(model: Path, config: dict[str, Any]) -> Iterator[Path]:
+    """A copy of the model directory `model` whose config.yml is `config`, removed after."""
     workdir = Path(tempfile.mkdtemp(prefix=f"reactor-{model.name}-"))
     model_dir = workdir / model.name
     shutil.copytree(model, model_dir, ignore=shutil.ignore_patterns("__pycache__"))
     (model_dir / "config.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "reactor_serve.cli", "run", str(model_dir), "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     try:
-        await wait_healthy(base)
-        yield ReactorRun(base, server.pid)
+        yield model_dir
     finally:
-        stop_process(server)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def reactor_run_of(model: Path, config: dict[str, Any]) -> AsyncIterator[ReactorRun]:
+    """`reactor run` of a copy of `model` whose config.yml is `config`, healthy; the
+    process stopped and the copy removed after."""
+    with model_copy_of(model, config) as model_dir:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "reactor_serve.cli", "run", str(model_dir), "--port", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            await wait_healthy(base)
+            yield ReactorRun(base, server.pid)
+        finally:
+            stop_process(server)
 
 
 def stop_process(process: subprocess.Popen) -> None:

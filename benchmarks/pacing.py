@@ -69,41 +69,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from reactor_serve.runtime.driver import LocalClient, ReceivedFrame
 from reactor_serve.runtime.model_process import ModelProcess, hosted_model
-from _local import cpu_seconds
+from _local import cpu_seconds, model_copy_of
 
 MODEL = Path(__file__).parent / "models" / "pacing_blocks"
 BLOCK = 12
 PERIOD_S = 0.5
 WARMUP_S = 2.0
 LATE_S = 0.002
-
-
-@contextlib.contextmanager
-def _model_copy(config: dict[str, Any]) -> Iterator[Path]:
-    """A copy of the model directory whose config.yml is `config`, removed after."""
-    workdir = Path(tempfile.mkdtemp(prefix="reactor-pacing-"))
-    model_dir = workdir / MODEL.name
-    shutil.copytree(MODEL, model_dir, ignore=shutil.ignore_patterns("__pycache__"))
-    (model_dir / "config.yml").write_text(yaml.safe_dump(config))
-    try:
-        yield model_dir
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -196,7 +178,7 @@ async def loop_wake_baseline(wakes: int = 48) -> float:
 
 
 def _run(config: dict[str, Any], duration_s: float, in_process: bool = False) -> dict[str, float]:
-    with _model_copy(config) as model_dir:
+    with model_copy_of(MODEL, config) as model_dir:
         return asyncio.run(measure(model_dir, duration_s, in_process))
 
 

@@ -24,7 +24,7 @@ from reactor_serve.runtime.forwarded_output import ForwardedOutput
 from reactor_serve.runtime.frame_ring import FrameReader, SlotRef
 from reactor_serve.runtime.host import ModelHost, ModelLoadError, SessionBusy
 from reactor_serve.runtime.process_channel import ChannelClosed, ProcessChannel
-from reactor_serve.runtime.session import EndReason, Session
+from reactor_serve.runtime.session import Session
 
 __all__ = ["main"]
 
