@@ -360,3 +360,52 @@ def test_the_model_process_yields_the_cpu_to_the_media_process(process_of, monke
     monkeypatch.setenv("REACTOR_MODEL_NICE", "0")
     equal = process_of(REFERENCE / "generator")
     assert os.getpriority(os.PRIO_PROCESS, equal.pid) == ours
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+@pytest.mark.parametrize(
+    "model_dir, command",
+    [
+        (EXAMPLES / "gradient", None),
+        (EXAMPLES / "audio_tone", None),
+        (EXAMPLES / "world", ("key_down", {"key": "w"})),
+        (EXAMPLES / "webcam_style", ("set_style", {"style": "sketch"})),
+        (EXAMPLES / "legacy_blocks", ("set_prompt", {"prompt": "a lighthouse"})),
+        (REFERENCE / "generator", ("set_prompt", {"prompt": "cat"})),
+        (REFERENCE / "run_loop", ("set_prompt", {"prompt": "dog"})),
+        (REFERENCE / "v2v", ("set_style", {"style": "sketch"})),
+        (REFERENCE / "legacy_blocks", ("set_prompt", {"prompt": "a tree"})),
+    ],
+    ids=lambda value: value.name if isinstance(value, Path) else None,
+)
+def test_every_example_and_reference_model_runs_in_its_model_process(
+    process_of, model_dir, command
+):
+    # The white-box tests of these models (test_examples_run, test_reference_models)
+    # read the model instance, so they run it on a thread; here each runs as it is
+    # served, in its own process, seen only from the client's side.
+    model = process_of(model_dir)
+    video_inputs = [t.name for t in model.spec.inputs if t.kind == "video"]
+
+    async def scenario():
+        async with connected(model) as client:
+            if command is not None:
+                client.send_command(*command)
+            camera = np.full((48, 64, 3), 120, np.uint8)
+            received = []
+            for _ in range(200):
+                for track in video_inputs:
+                    client.send_frame(track, camera)
+                try:
+                    received.append(await client.next_frame(timeout=0.05))
+                except TimeoutError:
+                    continue
+                if len(received) >= 5:
+                    break
+            assert len(received) >= 5, "the model produced no frames"
+            assert not [m for m in client.messages if m["data"].get("type") == "commandError"]
+            assert not client.closed
+
+    asyncio.run(scenario())
