@@ -409,3 +409,58 @@ def test_every_example_and_reference_model_runs_in_its_model_process(
             assert not client.closed
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["model process", "in process"])
+@pytest.mark.parametrize("drop_stale", [True, False], ids=["drop stale", "keep all"])
+def test_a_state_change_drops_the_frames_made_before_it_unless_the_model_keeps_them(
+    tmp_path, drop_stale, in_process
+):
+    model_dir = _copy_model(tmp_path, "levels")
+    if not drop_stale:
+        (model_dir / "reactor.yaml").write_text("model: pipeline:LevelsKeepAll\nname: levels\n")
+    model = hosted_model(model_dir, in_process=in_process)
+    model.start(timeout=60)
+
+    async def scenario():
+        async with connected(model) as client:
+            # Let the buffer fill with frames of the first level (24 at 10 fps).
+            await client.next_frame()
+            await asyncio.sleep(1.0)
+            client.send_command("set_level", {"level": 200})
+            old = 0
+            while True:
+                frame = await client.next_frame(timeout=10)
+                if int(frame.image[0, 0, 0]) == 200:
+                    return old, client.session.stats()["stale_dropped"]
+                old += 1
+
+    try:
+        old_frames, stale_dropped = asyncio.run(scenario())
+    finally:
+        model.shutdown()
+    if drop_stale:
+        # Only what was shown while the command waited for the next yield.
+        assert old_frames <= 4 and stale_dropped >= 15
+    else:
+        assert old_frames >= 20 and stale_dropped == 0
+
+
+def test_a_command_that_changes_nothing_drops_no_frames(tmp_path):
+    model = hosted_model(_copy_model(tmp_path, "levels"), in_process=True)
+    model.start(timeout=60)
+
+    async def scenario():
+        async with connected(model) as client:
+            await client.next_frame()
+            await asyncio.sleep(0.5)
+            client.send_command("set_level", {"level": 40})  # the level it has
+            client.send_command("set_level", {"level": 40})
+            for _ in range(5):
+                assert int((await client.next_frame()).image[0, 0, 0]) == 40
+            return client.session.stats()["stale_dropped"]
+
+    try:
+        assert asyncio.run(scenario()) == 0
+    finally:
+        model.shutdown()

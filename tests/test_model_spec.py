@@ -360,3 +360,29 @@ def test_legacy_model_decorator_requires_video_model():
         class NotAModel(ReactorModel):
             pass
 
+
+
+def test_stale_frames_are_dropped_by_default_for_pipelines_only_and_the_option_is_checked():
+    class Pipe(ReactorPipeline):
+        pass
+
+    class Loop(ReactorModel):
+        pass
+
+    class LoopThatDrops(ReactorModel):
+        drop_stale_frames = True
+
+    class Legacy(VideoModel):
+        def start_session(self):
+            pass
+
+    assert inspect_model(Pipe).drop_stale_frames is True
+    assert inspect_model(Loop).drop_stale_frames is False
+    assert inspect_model(LoopThatDrops).drop_stale_frames is True
+    assert inspect_model(Legacy).drop_stale_frames is False
+
+    class Wrong(ReactorPipeline):
+        drop_stale_frames = "yes"
+
+    with pytest.raises(ModelSpecError, match=r"Wrong.drop_stale_frames must be True or False, got 'yes'"):
+        inspect_model(Wrong)

@@ -79,6 +79,11 @@ class _HostedModel:
 class ReactorModel(_HostedModel):
     """A model that owns its loop: override `async run()` and call `emit()`."""
 
+    #: Drop the frames still queued when a command changes the model's state, so the
+    #: next frame shown is one made after the change. Off here: a run loop's frames
+    #: may not depend on the state a handler sets; turn it on when they do.
+    drop_stale_frames: ClassVar[bool] = False
+
     async def run(self) -> None:
         """The model's main loop, started once after `load()`. Default: wait forever,
         for models whose logic lives entirely in event handlers."""
@@ -104,6 +109,11 @@ class ReactorPipeline(_HostedModel):
     disconnect, restarts it if it returns while the client is still there, and
     applies commands only between yields.
     """
+
+    #: Drop the frames still queued when a command changes the state (they were all
+    #: made before it), so the next frame shown is the first made after the change
+    #: instead of a queue of old ones. Set False to show every frame made.
+    drop_stale_frames: ClassVar[bool] = True
 
     def inference(self) -> Iterator[Any] | AsyncIterator[Any]:
         raise NotImplementedError(f"{type(self).__name__} must define inference()")

@@ -76,6 +76,9 @@ class ForwardedOutput:
     def flush(self) -> None:
         self._channel.send("flush", self._next_epoch())
 
+    def drop_stale(self) -> None:
+        self._channel.send("drop_stale", self._next_epoch())
+
     # ---- what the host calls ------------------------------------------------------------
 
     def restart(self) -> None:

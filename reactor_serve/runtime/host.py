@@ -378,9 +378,16 @@ class ModelHost:
 
     async def _apply(self, command: CommandSpec, args: dict[str, Any]) -> None:
         if command.kind == "setter":
-            setattr(self.model.state, command.target, args[command.target])
+            value = args[command.target]
+            if getattr(self.model.state, command.target) == value:
+                return  # nothing changed: the queued frames are not stale
+            setattr(self.model.state, command.target, value)
         else:
             await call_model(getattr(self.model, command.target), **args)
+        if self.spec.drop_stale_frames:
+            # Every frame queued now was made before this change (a pipeline applies
+            # commands between yields; a run loop's next emit follows the handler).
+            self.output_buffer.drop_stale()
 
     # ---- output -----------------------------------------------------------------
 

@@ -451,11 +451,11 @@ class ModelProcess:
             session = self._sessions.get(args[0])
             if session is not None:
                 session.deliver(args[1])
-        elif op in ("flush", "restart"):
+        elif op in ("flush", "drop_stale", "restart"):
             # Before the buffer changes: an emit of the old epoch waiting for room
             # sees it and discards the rest, as in one process.
             child.epoch = args[0]
-            buffer.flush() if op == "flush" else buffer.restart()
+            {"flush": buffer.flush, "drop_stale": buffer.drop_stale, "restart": buffer.restart}[op]()
         elif op == "set_fps":
             buffer.set_fps(args[0])
         elif op == "monitoring":

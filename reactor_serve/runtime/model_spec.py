@@ -78,6 +78,8 @@ class ModelSpec:
     disconnected_hooks: tuple[str, ...]
     fps: float
     buffer_size: int
+    # Queued frames are dropped when a command changes the state (see the base classes).
+    drop_stale_frames: bool = False
 
     @property
     def video_outputs(self) -> list[str]:
@@ -134,6 +136,12 @@ def inspect_model(cls: type, name: str | None = None) -> ModelSpec:
             f"{cls.__qualname__}.buffer_size must be a positive integer, got {buffer_size!r}"
         )
 
+    drop_stale_frames = getattr(cls, "drop_stale_frames", False)
+    if not isinstance(drop_stale_frames, bool):
+        raise ModelSpecError(
+            f"{cls.__qualname__}.drop_stale_frames must be True or False, got {drop_stale_frames!r}"
+        )
+
     connected, disconnected, events = _methods(cls)
     return ModelSpec(
         cls=cls,
@@ -149,6 +157,7 @@ def inspect_model(cls: type, name: str | None = None) -> ModelSpec:
         disconnected_hooks=disconnected,
         fps=float(fps),
         buffer_size=buffer_size,
+        drop_stale_frames=drop_stale_frames,
     )
 
 

@@ -48,6 +48,8 @@ class OutputPort(Protocol):
 
     def flush(self) -> None: ...
 
+    def drop_stale(self) -> None: ...
+
     def restart(self) -> None: ...
 
     def set_monitoring(self, enabled: bool) -> None: ...
@@ -125,6 +127,9 @@ class OutputBuffer:
         # Counts discards (`discard_backlog`): like a flush for waiting producers, but
         # the clock keeps showing the last frame.
         self._discards = 0
+        # Stale frames were dropped and nothing has arrived since (see drop_stale).
+        self._stale_gap = False
+        self.stale_dropped = 0
         self._underruns_since_put = 0
         self._margin: float | None = None
         self._margin_at: float | None = None
@@ -177,6 +182,21 @@ class OutputBuffer:
             self._cond.notify_all()
             self._async_waiters.wake_all()
         self.rate.restart()
+
+    def drop_stale(self) -> None:
+        """Drop every queued frame, and the rest of any emit waiting for space: they
+        were made before the model's state changed. The client keeps seeing the last
+        frame until the first one made after the change arrives; the ticks that find
+        the queue empty meanwhile are no stall of the producer's, and the production
+        rate goes on."""
+        with self._cond:
+            self.stale_dropped += len(self._items)
+            self._items.clear()
+            self._discards += 1
+            self._underruns_since_put = 0
+            self._stale_gap = True
+            self._cond.notify_all()
+            self._async_waiters.wake_all()
 
     # ---- state the clock reads --------------------------------------------------
 
@@ -342,6 +362,7 @@ class OutputBuffer:
         interval = tick[1] if tick is not None else 1.0 / self._target_fps
         previous, self._last_put_at = self._last_put_at, now
         underruns, self._underruns_since_put = self._underruns_since_put, 0
+        self._stale_gap = False
         if (
             self._margin is not None
             and previous is not None
@@ -441,7 +462,7 @@ class OutputBuffer:
         """The next frame, or None when the queue is empty (never waits)."""
         with self._cond:
             if not self._items:
-                if self.rate.monitoring:
+                if self.rate.monitoring and not self._stale_gap:
                     self._underruns_since_put += 1
                 return None
             item = self._items.popleft()

@@ -177,6 +177,7 @@ class Session:
             "production_fps": round(rate, 2) if rate is not None else None,
             "queue_depth": buffer.depth(),
             "dropped": buffer.dropped,
+            "stale_dropped": buffer.stale_dropped,
             "presented": self.clock.presented,
             "new_frames": self.clock.new_frames,
             "commands_rejected": self.commands_rejected,
