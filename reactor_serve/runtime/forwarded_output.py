@@ -49,7 +49,6 @@ class ForwardedOutput:
         max_bytes: int = 1 << 30,
     ) -> None:
         self._channel = channel
-        self.capacity = capacity
         self.clock = clock
         self._target_fps = check_fps(fps)
         # Past `max_bytes` of rings, an emit waits for the media process to free slots.
@@ -88,7 +87,7 @@ class ForwardedOutput:
         self._channel.send("monitoring", enabled, self.clock())
 
     def record_emit(self, items: list[FrameItem], compute_time: float | None) -> None:
-        # Sent with the emit itself (see _send): the media process measures the rate.
+        # Sent with the emit itself (see _begin): the media process measures the rate.
         self._recorded[id(items)] = (self.clock(), compute_time)
 
     async def put(self, items: list[FrameItem], drop: bool = False) -> None:

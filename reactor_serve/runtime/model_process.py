@@ -130,10 +130,6 @@ class ModelProcess:
         self._lock = threading.Lock()
         self.inputs_dropped = 0
 
-    @classmethod
-    def from_manifest(cls, path: str | Path) -> ModelProcess:
-        return cls(path)
-
     # ---- life ----------------------------------------------------------------------
 
     def start(self, timeout: float | None = None) -> None:
@@ -195,13 +191,7 @@ class ModelProcess:
         self._closing = True
         child = self._child
         if child is not None:
-            child.channel.send("shutdown")
-            try:
-                child.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("model process %s did not stop in %.0f s: killing it", child.process.pid, timeout)
-                child.process.kill()
-                child.process.wait()
+            self._stop_process(child, timeout)
         if self._supervisor is not None and self._supervisor is not threading.current_thread():
             self._supervisor.join(timeout)
         for session in list(self._sessions.values()):
@@ -286,14 +276,22 @@ class ModelProcess:
         return child
 
     def _stop_child(self, child: _Child) -> None:
-        child.channel.send("shutdown")
-        try:
-            child.process.wait(10)
-        except subprocess.TimeoutExpired:
-            child.process.kill()
-            child.process.wait()
+        self._stop_process(child, 10.0)
         child.reader.join()
         self._finish(child, "the model process stopped")
+
+    def _stop_process(self, child: _Child, timeout: float) -> None:
+        """Ask `child` to stop (its live session ends with its hooks run); kill it
+        when it has not within `timeout`."""
+        child.channel.send("shutdown")
+        try:
+            child.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning(
+                "model process %s did not stop in %.0f s: killing it", child.process.pid, timeout
+            )
+            child.process.kill()
+            child.process.wait()
 
     def _finish(self, child: _Child, why: str | None) -> None:
         """`child` is gone: nothing of it may linger in this process."""

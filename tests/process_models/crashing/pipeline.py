@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from reactor_runtime.interface import ReactorPipeline, event
 
