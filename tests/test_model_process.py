@@ -135,6 +135,18 @@ def test_an_exception_in_a_handler_ends_only_the_session(tmp_path, process_of):
 
     asyncio.run(scenario())
     assert model.pid == pid and model.crashes == 0 and model.model_errors == 1
+    # The handler's error is carried across a crash, once, also while the model
+    # process waits to be started again.
+    seen = set()
+
+    def restarted():
+        if model.crashes:
+            seen.add(model.model_errors)
+        return model.pid not in (None, pid)
+
+    os.kill(pid, signal.SIGKILL)
+    _wait_until(restarted, 30, "the model process to restart")
+    assert model.crashes == 1 and seen == {2} and model.model_errors == 2
 
 
 def test_a_model_stuck_in_a_forward_pass_is_restarted_when_its_session_cannot_end(

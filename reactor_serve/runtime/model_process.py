@@ -309,7 +309,9 @@ class ModelProcess:
         child.outputs.close()
         child.inputs.close()
         child.channel.close()
+        # Carried over, not counted twice while `_child` still names the dead one.
         self._errors_before += child.errors
+        child.errors = 0
 
     # ---- sessions ------------------------------------------------------------------------
 
