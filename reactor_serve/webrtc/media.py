@@ -28,6 +28,7 @@ from reactor_serve.runtime.emission_clock import (
     AUDIO_CLOCK_RATE,
     VIDEO_CLOCK_RATE,
     EmissionClock,
+    PresentedFrame,
 )
 from reactor_serve.runtime.session import Session
 
@@ -168,6 +169,7 @@ class OutputFanout:
         self.on_error = on_error
         self._video: dict[str, list[PacedVideoTrack]] = collections.defaultdict(list)
         self._audio: dict[str, list[PacedAudioTrack]] = collections.defaultdict(list)
+        self._observers: list[Callable[[PresentedFrame], None]] = []
         self._task: asyncio.Task[None] | None = None
         # Paused runs, cancelled but maybe not finished: referenced until done.
         self._retired: set[asyncio.Task[None]] = set()
@@ -183,6 +185,19 @@ class OutputFanout:
         audio = PacedAudioTrack(name, decl.channels)
         self._audio[name].append(audio)
         return audio
+
+    def observe(self, observer: Callable[[PresentedFrame], None]) -> Callable[[], None]:
+        """Call `observer` with every presented slot, after the tracks got it; returns
+        the function that stops it. Observers run on the media loop, so they must hand
+        anything slow (encoding, writing) to a thread; one that raises is logged and
+        removed, and the session goes on."""
+        self._observers.append(observer)
+
+        def stop() -> None:
+            if observer in self._observers:
+                self._observers.remove(observer)
+
+        return stop
 
     def release(self, track: MediaStreamTrack) -> None:
         for tracks in (*self._video.values(), *self._audio.values()):
@@ -248,6 +263,13 @@ class OutputFanout:
                 if chunk is not None and chunk.shape[1]:
                     for audio in tracks:
                         audio.offer(chunk)
+            for observer in list(self._observers):
+                try:
+                    observer(presented)
+                except Exception:
+                    log.exception("an output observer failed; it is removed")
+                    if observer in self._observers:
+                        self._observers.remove(observer)
 
     def superseded(self) -> int:
         return sum(t.superseded for tracks in self._video.values() for t in tracks)
