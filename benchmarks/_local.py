@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import yaml
@@ -54,12 +54,17 @@ class ReactorRun:
 
 
 @contextlib.contextmanager
-def model_copy_of(model: Path, config: dict[str, Any]) -> Iterator[Path]:
-    """A copy of the model directory `model` whose config.yml is `config`, removed after."""
+def model_copy_of(
+    model: Path, config: dict[str, Any], prepare: Callable[[Path], None] | None = None
+) -> Iterator[Path]:
+    """A copy of the model directory `model` whose config.yml is `config`, removed after.
+    `prepare(copy)` may change the copy further (another model class, say)."""
     workdir = Path(tempfile.mkdtemp(prefix=f"reactor-{model.name}-"))
     model_dir = workdir / model.name
     shutil.copytree(model, model_dir, ignore=shutil.ignore_patterns("__pycache__"))
     (model_dir / "config.yml").write_text(yaml.safe_dump(config))
+    if prepare is not None:
+        prepare(model_dir)
     try:
         yield model_dir
     finally:
@@ -67,10 +72,12 @@ def model_copy_of(model: Path, config: dict[str, Any]) -> Iterator[Path]:
 
 
 @contextlib.asynccontextmanager
-async def reactor_run_of(model: Path, config: dict[str, Any]) -> AsyncIterator[ReactorRun]:
-    """`reactor run` of a copy of `model` whose config.yml is `config`, healthy; the
-    process stopped and the copy removed after."""
-    with model_copy_of(model, config) as model_dir:
+async def reactor_run_of(
+    model: Path, config: dict[str, Any], prepare: Callable[[Path], None] | None = None
+) -> AsyncIterator[ReactorRun]:
+    """`reactor run` of a copy of `model` whose config.yml is `config` (see
+    model_copy_of for `prepare`), healthy; the process stopped and the copy removed after."""
+    with model_copy_of(model, config, prepare) as model_dir:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         server = subprocess.Popen(
