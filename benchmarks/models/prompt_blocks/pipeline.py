@@ -1,11 +1,13 @@
 """A prompt-driven pipeline in the shape of streaming diffusion, for benchmarks/latency.py.
 
-Each forward pass makes `block_size` frames from the current prompt and lasts as long
-as those frames play (block_size / fps), so the model runs exactly at real time and
-its output buffer holds about a block and a half of frames made from the prompt of
-their time. A new prompt (`set_prompt`) is applied between blocks, as a pipeline's
-commands are; what the viewer waits for is that block plus whatever was queued
-before it, which is what dropping stale frames saves.
+Each forward pass makes `block_size` frames from the current prompt and lasts
+block_size / fps / `speed` seconds. At `speed` 1 the model runs exactly at real time
+and the emission clock keeps about one block queued. Above 1 (a GPU faster than the
+frames play) the output buffer fills and backpressure holds the model back, so up to
+`buffer_size` frames made from the old prompt wait in front of every change: the
+queue Scope's users see after a prompt change. A new prompt (`set_prompt`) is applied
+between blocks, as a pipeline's commands are; dropping stale frames removes what was
+queued before it.
 
 Every frame carries, on its top row, the number of prompts the model had applied
 when it made the frame (as 16x16 black or white cells that survive VP8), so a client
@@ -46,6 +48,9 @@ class PromptBlocks(ReactorPipeline):
 
     def load(self, config: dict[str, Any]) -> None:
         self.block_size = int(config.get("block_size", 12))
+        self.speed = float(config.get("speed", 1.0))
+        if not 0.1 <= self.speed <= 100:
+            raise ValueError(f"speed must be 0.1..100, got {self.speed}")
         self.width = int(config.get("width", 512))
         self.height = int(config.get("height", 384))
         y, x = np.mgrid[0 : self.height, 0 : self.width]
@@ -71,7 +76,9 @@ class PromptBlocks(ReactorPipeline):
         while True:
             if self.state.prompt != prompt:
                 generation, prompt = generation + 1, self.state.prompt
-            deadline = max(deadline + self.block_size / self.fps, time.monotonic() - 1.0)
+            # On a schedule from the end of the last yield: backpressure pauses the
+            # model, it does not make it catch up afterwards.
+            deadline = max(deadline, time.monotonic()) + self.block_size / self.fps / self.speed
             time.sleep(max(0.0, deadline - time.monotonic()))  # the forward pass
             yield self._block(prompt, generation, made)
             made += self.block_size
