@@ -1,0 +1,238 @@
+"""Viewers: watch-only links to a session, served with one shared encode per codec.
+
+Real parts: `reactor run` as a subprocess, the Python client's aiortc peers for the
+owner and every viewer, Serve on the test session's local Ray, headless Chromium.
+The model (tests/viewer_models/stamped) stamps each frame's number into it as big
+blocks, so what a viewer saw can be matched frame by frame with what the owner saw.
+"""
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from reactor_serve.client import SessionRefused, ViewerCannotCommand, connect, watch
+
+STAMPED = Path(__file__).parent / "viewer_models" / "stamped"
+
+_spec = importlib.util.spec_from_file_location("_stamped_model", STAMPED / "model.py")
+
+
+def read_stamp(image):
+    # The model's own decoder, loaded without importing the model package.
+    module = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(module)
+    return module.read_stamp(image)
+
+
+async def collect(client, count):
+    """{stamp: image} of the next `count` frames `client` receives."""
+    seen = {}
+    for _ in range(count):
+        frame = await client.next_frame(timeout=15)
+        seen[read_stamp(frame.image)] = frame.image
+    return seen
+
+
+async def stats_with(client, predicate, timeout=15.0):
+    """The first `stats` of the session that satisfies `predicate`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        stats = client.stats
+        if stats and predicate(stats):
+            return stats
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no stats matching within {timeout} s; last: {client.stats}")
+
+
+async def test_a_viewer_sees_the_owners_frames_and_cannot_steer(reactor_run):
+    run = reactor_run(STAMPED)
+    owner = await connect(run.url)
+    viewer = None
+    try:
+        await owner.next_frame()
+        link = await owner.viewer_link()
+        token = link["viewer_token"]
+        assert token != owner.session_id and owner.session_id not in str(link)
+        assert link["max_viewers"] == 4
+        assert link["url"].endswith(f"/?watch={token}")
+        viewer = await watch(link["url"])  # the page URL works as well as base + token
+
+        # The same frames: the viewer's stamps are the owner's, and each picture is the
+        # same within the codecs' loss.
+        mine, theirs = await asyncio.gather(collect(owner, 45), collect(viewer, 30))
+        common = sorted(set(mine) & set(theirs))
+        assert len(common) >= 10, (sorted(mine), sorted(theirs))
+        for stamp in common:
+            difference = np.abs(mine[stamp].astype(int) - theirs[stamp].astype(int)).mean()
+            assert difference < 12, (stamp, difference)
+        # Consecutive stamps in order: a stream, not stray frames.
+        stamps = [read_stamp((await viewer.next_frame()).image) for _ in range(10)]
+        assert all(0 < (b - a) % 1024 <= 3 for a, b in zip(stamps, stamps[1:])), stamps
+
+        # A viewer's command is refused by the client, and by the server if sent anyway:
+        # the model never applies it (it echoes every command it applies).
+        with pytest.raises(ViewerCannotCommand):
+            viewer.send_command("set_tint", {"tint": 7})
+        mark = len(viewer.peer.messages)
+        viewer.peer.send_command("set_tint", {"tint": 7})
+        error = await viewer.next_message("commandError", scope="runtime", after=mark)
+        assert error["data"]["command"] == "set_tint"
+        assert "viewers cannot send commands" in error["data"]["message"]
+        # The owner's command is applied; the viewer sees the model's echo of it too.
+        owner_mark, viewer_mark = len(owner.peer.messages), len(viewer.peer.messages)
+        owner.send_command("set_tint", {"tint": 200})
+        applied = await owner.next_message("applied", after=owner_mark)
+        assert applied["data"]["args"] == {"tint": 200}
+        echoed = await viewer.next_message("applied", after=viewer_mark)
+        assert echoed["data"]["args"] == {"tint": 200}
+        everything = [e.get("data", {}) for e in owner.peer.messages + viewer.peer.messages]
+        assert not any(m.get("type") == "applied" and m["data"]["args"]["tint"] == 7
+                       for m in everything)
+        # The viewer sees the owner's change in the picture.
+        for _ in range(30):
+            frame = await viewer.next_frame()
+            if frame.image[96:, :].mean() > 180:
+                break
+        assert frame.image[96:, :].mean() > 180
+        stats = await stats_with(viewer, lambda s: s.get("viewers") == 1)
+        assert "session_id" not in stats
+
+        # The viewer leaving leaves the session streaming for its owner.
+        await viewer.close()
+        viewer = None
+        await stats_with(owner, lambda s: s.get("viewers") == 0)
+        before = (await owner.next_frame()).index
+        assert (await owner.next_frame()).index > before
+        assert owner.state == "streaming"
+    finally:
+        if viewer is not None:
+            await viewer.close()
+        await owner.close()
+
+
+async def test_one_encode_per_frame_whatever_the_viewers_and_a_limit(reactor_run):
+    run = reactor_run(STAMPED)
+    owner = await connect(run.url)
+    viewers = []
+    try:
+        await owner.next_frame()
+        link = await owner.viewer_link()
+        assert (await owner.viewer_link())["viewer_token"] == link["viewer_token"]
+        previous = None
+        for count in (1, 2, 4):
+            while len(viewers) < count:
+                viewers.append(await watch(run.url, link["viewer_token"]))
+            for v in viewers:
+                await v.next_frame(timeout=15)
+            stats = await stats_with(owner, lambda s: s.get("viewers") == count)
+            start = stats["viewer_encoding"]
+            await asyncio.sleep(2.0)
+            stats = await stats_with(
+                owner, lambda s: s["viewer_encoding"]["presented"] >= start["presented"] + 15)
+            encoding = stats["viewer_encoding"]
+            # One encoder (one output track, one codec), and at most one encode per
+            # presented frame however many watch: not one per viewer.
+            assert encoding["encoders"] == 1
+            presented = encoding["presented"] - start["presented"]
+            encodes = encoding["encodes"] - start["encodes"]
+            assert 0 < encodes <= presented + 1, (count, encoding, start)
+            if previous is not None:
+                assert encodes <= presented + 1
+            previous = encodes
+            for v in viewers:
+                await v.next_frame(timeout=15)
+
+        # The fifth viewer is refused, naming the limit; the four go on.
+        with pytest.raises(SessionRefused) as refused:
+            await watch(run.url, link["viewer_token"])
+        assert refused.value.status == 429 and "max_viewers" in str(refused.value)
+        for v in viewers:
+            await v.next_frame(timeout=15)
+
+        # The session ending ends every viewer with sessionEnded.
+        marks = [len(v.peer.messages) for v in viewers]
+        await owner.close()
+        for v, mark in zip(viewers, marks):
+            ended = await v.next_message("sessionEnded", scope="runtime", after=mark, timeout=15)
+            assert ended["data"]["reason"] == "client_closed"
+            await v.wait_closed(timeout=15)
+        # Its token died with it.
+        with pytest.raises(SessionRefused) as gone:
+            await watch(run.url, link["viewer_token"])
+        assert gone.value.status == 404
+    finally:
+        for v in viewers:
+            await v.close()
+        await owner.close()
+
+
+async def test_a_viewer_token_is_no_session_id_and_bad_input_is_refused(reactor_run):
+    run = reactor_run(STAMPED)
+    owner = await connect(run.url)
+    try:
+        await owner.next_frame()
+        link = await owner.viewer_link()
+        token = link["viewer_token"]
+        async with httpx.AsyncClient(base_url=run.url, timeout=10) as http:
+            # The token opens nothing of the session's own routes.
+            assert (await http.post("/stop_session", json={"session_id": token})).status_code == 404
+            assert (await http.get("/session", params={"session_id": token})).status_code == 404
+            put = await http.put(f"/sessions/{token}/transport/webrtc/sdp_params",
+                                 json={"sdp_offer": "v=0", "track_mapping": []})
+            assert put.status_code in (400, 404)
+            assert (await http.post(f"/sessions/{token}/viewers")).status_code == 404
+            # What a viewer reads names the model and its outputs, never the session.
+            described = await http.get(f"/watch/{token}")
+            assert described.status_code == 200
+            assert owner.session_id not in described.text
+            assert described.json()["capabilities"]["commands"] == []
+            # Bad tokens, bad ids and hostile bodies: 4xx naming the problem.
+            for path in ("/watch/nope", "/watch/" + "x" * 300, "/watch/%00%ff"):
+                assert (await http.get(path)).status_code == 404, path
+            assert (await http.post("/watch/nope/sdp_params",
+                                    json={"sdp_offer": "v=0", "track_mapping": []})).status_code == 404
+            for body in (b"null", b"[]", b"{\"sdp_offer\": 5}", b"{" * 5000, b"\xff\xfe",
+                         b"{\"sdp_offer\": \"v=0\", \"track_mapping\": [1, 2]}",
+                         b"{\"sdp_offer\": \"garbage\", \"track_mapping\": []}"):
+                reply = await http.post(f"/watch/{token}/sdp_params", content=body,
+                                        headers={"content-type": "application/json"})
+                assert 400 <= reply.status_code < 500, (body[:20], reply.status_code, reply.text)
+                assert reply.json()["detail"]
+            for query in ("", "?connection_id=abc", "?connection_id=123", "?connection_id=-1"):
+                reply = await http.get(f"/watch/{token}/sdp_params{query}")
+                assert 400 <= reply.status_code < 500, (query, reply.status_code)
+            # Revoked, the link is dead; a new one is another token.
+            assert (await http.delete(f"/sessions/{owner.session_id}/viewers")).json() == {"revoked": True}
+            assert (await http.get(f"/watch/{token}")).status_code == 404
+        again = await owner.viewer_link()
+        assert again["viewer_token"] != token
+        # The owner's session never noticed any of it.
+        before = (await owner.next_frame()).index
+        assert (await owner.next_frame()).index > before and owner.state == "streaming"
+    finally:
+        await owner.close()
+
+
+async def test_owner_reconnect_keeps_its_viewers(reactor_run):
+    run = reactor_run(STAMPED)
+    owner = await connect(run.url)
+    viewer = None
+    try:
+        await owner.next_frame()
+        viewer = await watch(run.url, (await owner.viewer_link())["viewer_token"])
+        await viewer.next_frame(timeout=15)
+        # The owner's transport drops; it reconnects on the same session.
+        await owner.peer.pc.close()
+        await owner.wait_state("reconnecting", timeout=15)
+        await owner.wait_state("streaming", timeout=30)
+        first = read_stamp((await viewer.next_frame(timeout=15)).image)
+        later = read_stamp((await viewer.next_frame(timeout=15)).image)
+        assert first != later and not viewer.closed
+    finally:
+        if viewer is not None:
+            await viewer.close()
+        await owner.close()
