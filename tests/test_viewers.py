@@ -236,3 +236,62 @@ async def test_owner_reconnect_keeps_its_viewers(reactor_run):
         if viewer is not None:
             await viewer.close()
         await owner.close()
+
+
+@pytest.mark.timeout(300)
+async def test_viewers_through_serve(ray_serve):
+    from reactor_serve.serve.session_directory import SessionDirectory
+
+    url = ray_serve.deploy("viewers", {"models": [
+        {"path": "tests/viewer_models/stamped", "min_replicas": 1, "max_replicas": 2,
+         "warm_spares": 0, "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}}]})
+    model = f"{url}/models/stamped"
+    owner = await connect(model)
+    viewer = None
+    try:
+        await owner.next_frame(timeout=30)
+        link = await owner.viewer_link()
+        assert owner.session_id not in str(link)
+        assert link["url"].startswith(model + "/?watch=")
+        viewer = await watch(model, link["viewer_token"])
+        mine, theirs = await asyncio.gather(collect(owner, 30), collect(viewer, 20))
+        assert len(set(mine) & set(theirs)) >= 5, (sorted(mine), sorted(theirs))
+        # Refused on the replica, never applied by the model.
+        mark = len(viewer.peer.messages)
+        viewer.peer.send_command("set_tint", {"tint": 9})
+        error = await viewer.next_message("commandError", scope="runtime", after=mark)
+        assert "viewers cannot send commands" in error["data"]["message"]
+        owner_mark = len(owner.peer.messages)
+        owner.send_command("set_tint", {"tint": 31})
+        applied = await owner.next_message("applied", after=owner_mark)
+        assert applied["data"]["args"] == {"tint": 31}
+        assert not any((e.get("data") or {}).get("type") == "applied"
+                       and e["data"]["data"]["args"]["tint"] == 9 for e in owner.peer.messages)
+        # A viewer is no session: the directory counts one live session, no waiting one
+        # (which is what the autoscaling policy and the admission see).
+        counts = await SessionDirectory("viewers").session_counts("stamped")
+        assert counts == {"live": 1, "waiting": 0}
+        async with httpx.AsyncClient(timeout=10) as http:
+            token = link["viewer_token"]
+            assert (await http.post(f"{model}/stop_session",
+                                    json={"session_id": token})).status_code == 404
+            described = await http.get(f"{model}/watch/{token}")
+            assert described.status_code == 200 and owner.session_id not in described.text
+            assert (await http.get(f"{model}/watch/nope")).status_code == 404
+            # The root's viewer link leads to the first model's page in viewer mode.
+            root = await http.get(f"{url}/?watch={token}", follow_redirects=False)
+            assert root.status_code == 307
+            assert root.headers["location"].endswith(f"models/stamped/?watch={token}")
+        # The session ending ends its viewer with sessionEnded.
+        mark = len(viewer.peer.messages)
+        await owner.close()
+        ended = await viewer.next_message("sessionEnded", scope="runtime", after=mark, timeout=20)
+        assert ended["data"]["reason"] == "client_closed"
+        with pytest.raises(SessionRefused) as gone:
+            await watch(model, token)
+        assert gone.value.status == 404 and owner.session_id not in str(gone.value)
+    finally:
+        if viewer is not None:
+            await viewer.close()
+        await owner.close()
+        ray_serve.delete("viewers")
