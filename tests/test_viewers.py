@@ -295,3 +295,47 @@ async def test_viewers_through_serve(ray_serve):
             await viewer.close()
         await owner.close()
         ray_serve.delete("viewers")
+
+
+async def test_h264_viewers_share_one_h264_encode():
+    # `reactor run`'s app in this process, with the model's codec set to H264.
+    import threading
+    import time
+
+    import uvicorn
+    from conftest import free_port
+
+    from reactor_serve.webrtc.devserver import create_app
+
+    port = free_port()
+    app = create_app(STAMPED, settings_override={"loopback_candidates": True, "codec": "h264"})
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        await asyncio.sleep(0.05)
+    base = f"http://127.0.0.1:{port}"
+    owner = await connect(base)
+    viewers = []
+    try:
+        await owner.next_frame()
+        token = (await owner.viewer_link())["viewer_token"]
+        viewers = [await watch(base, token), await watch(base, token)]
+        mine, *theirs = await asyncio.gather(
+            collect(owner, 40), *(collect(v, 25) for v in viewers))
+        for seen in theirs:
+            common = set(mine) & set(seen)
+            assert len(common) >= 8
+            for stamp in common:
+                assert np.abs(mine[stamp].astype(int) - seen[stamp].astype(int)).mean() < 12
+        stats = await stats_with(owner, lambda s: s.get("viewers") == 2)
+        assert stats["viewer_encoding"]["codecs"] == ["h264"]
+        assert stats["viewer_encoding"]["encoders"] == 1
+    finally:
+        for v in viewers:
+            await v.close()
+        await owner.close()
+        server.should_exit = True
+        await asyncio.to_thread(thread.join, 30)

@@ -422,6 +422,7 @@ class ViewerRoom:
         if totals or self._encoders:
             data["viewer_encoding"] = {
                 "encoders": len(self._encoders),
+                "codecs": sorted({codec for _, codec in self._encoders}),
                 "presented": int(totals["presented"]),
                 "encodes": int(totals["encodes"]),
                 "superseded": int(totals["superseded"]),
