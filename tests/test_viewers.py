@@ -339,3 +339,63 @@ async def test_h264_viewers_share_one_h264_encode():
         await owner.close()
         server.should_exit = True
         await asyncio.to_thread(thread.join, 30)
+
+
+# --------------------------------------------------------------------------- the page
+
+
+@pytest.mark.timeout(240)
+def test_the_page_shares_a_view_and_opens_it_in_viewer_mode(browser, page, reactor_run):
+    from browser_pages import brightness, frame_count, wait_for
+
+    video = "#outputs video"
+    run = reactor_run("examples/gradient")
+    page.goto(run.url + "/")
+    wait_for(lambda: page.inner_text("#connection") == "connected", 30, "the owner's page")
+    wait_for(lambda: frame_count(page, video) > 10, 20, "the owner's frames")
+    page.wait_for_selector("#control-set_brightness", state="attached", timeout=10_000)
+
+    # "Share view" gets the session's viewer link and shows it.
+    page.click("#share")
+    page.wait_for_selector("#share-link", state="visible", timeout=10_000)
+    link = page.input_value("#share-link")
+    assert "?watch=" in link and link.startswith(run.url)
+    session_id = page.evaluate("window.reactorSession.sessionId")
+    assert session_id not in link
+
+    viewer_context = browser.new_context(viewport={"width": 1280, "height": 760})
+    try:
+        viewer = viewer_context.new_page()
+        viewer.on("console", lambda message: print(f"[viewer console.{message.type}] {message.text}"))
+        viewer.goto(link)
+        wait_for(lambda: viewer.inner_text("#connection") == "connected", 30, "the viewer's page")
+        wait_for(lambda: frame_count(viewer, video) > 10, 20, "the viewer's frames")
+        # Watch only: no controls, no inputs, no share button, no camera asked for.
+        assert viewer.query_selector("#control-set_brightness") is None
+        assert not viewer.is_visible("#controls") and not viewer.is_visible("#share")
+        assert viewer.evaluate("window.reactorSession.viewer") is True
+        assert viewer.evaluate("window.reactorSession.inputs.size") == 0
+        refused = viewer.evaluate(
+            "() => { try { window.reactorSession.send('set_brightness', {brightness: 0}); return null; }"
+            " catch (err) { return err.message; } }")
+        assert refused == "viewers cannot send commands"
+        # The stats overlay runs in viewer mode too.
+        wait_for(lambda: viewer.inner_text("#stat-fps") not in ("", "–"), 10, "the viewer's fps")
+
+        # The owner darkens the picture: the viewer sees it.
+        bright = wait_for(lambda: brightness(viewer, video), 10, "a picture")
+        page.eval_on_selector("#control-set_brightness", """(input) => {
+            input.value = "0.2";
+            input.dispatchEvent(new Event("input", { bubbles: true }));
+            input.dispatchEvent(new Event("change", { bubbles: true }));
+        }""")
+        wait_for(lambda: (brightness(viewer, video) or 255) < bright * 0.5, 10,
+                 "the owner's change to show on the viewer's page")
+
+        # The viewer leaves; the owner's session goes on.
+        viewer.click("#stop")
+        shown = frame_count(page, video)
+        wait_for(lambda: frame_count(page, video) > shown + 15, 10, "the owner's frames after")
+        assert page.inner_text("#connection") == "connected"
+    finally:
+        viewer_context.close()
