@@ -8,6 +8,7 @@ blocks, so what a viewer saw can be matched frame by frame with what the owner s
 
 import asyncio
 import importlib.util
+import re
 from pathlib import Path
 
 import httpx
@@ -271,6 +272,16 @@ async def test_viewers_through_serve(ray_serve):
         # (which is what the autoscaling policy and the admission see).
         counts = await SessionDirectory("viewers").session_counts("stamped")
         assert counts == {"live": 1, "waiting": 0}
+        # The replica's viewers gauge counts it.
+        pattern = re.compile(r'^ray_reactor_viewers\{[^}]*application="viewers"[^}]*\} 1(\.0)?$', re.M)
+        async with httpx.AsyncClient(timeout=10) as http:
+            for _ in range(60):
+                exported = (await http.get(f"http://127.0.0.1:{ray_serve.metrics_port}/metrics")).text
+                if pattern.search(exported):
+                    break
+                await asyncio.sleep(1)
+            else:
+                raise AssertionError("ray_reactor_viewers never showed the viewer")
         async with httpx.AsyncClient(timeout=10) as http:
             token = link["viewer_token"]
             assert (await http.post(f"{model}/stop_session",
