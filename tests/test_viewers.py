@@ -84,6 +84,12 @@ async def test_a_viewer_sees_the_owners_frames_and_cannot_steer(reactor_run):
         error = await viewer.next_message("commandError", scope="runtime", after=mark)
         assert error["data"]["command"] == "set_tint"
         assert "viewers cannot send commands" in error["data"]["message"]
+        # Garbage on a viewer's channel is dropped; the viewer and the session go on.
+        for raw in (b"\xff\xfe", "null", "[]", "{" * 300, '{"scope": "application"}',
+                    '{"scope": "application", "data": {"type": "set_tint", "data": {"tint": NaN}}}'):
+            viewer.peer.send_raw(raw)
+        before = (await viewer.next_frame()).index
+        assert (await viewer.next_frame()).index > before and not viewer.closed
         # The owner's command is applied; the viewer sees the model's echo of it too.
         owner_mark, viewer_mark = len(owner.peer.messages), len(viewer.peer.messages)
         owner.send_command("set_tint", {"tint": 200})
