@@ -717,7 +717,7 @@ async def test_preflight_lists_methods_and_headers_instead_of_echoing(http):
             "reactor-api-accept-version", "reactor-webrtc-version",
             "reactor-future-thing"} == allowed
     methods = {m.strip() for m in r.headers["access-control-allow-methods"].split(",")}
-    assert methods == {"GET", "POST", "PUT", "OPTIONS"}
+    assert methods == {"GET", "POST", "PUT", "DELETE", "OPTIONS"}
     r = await http.options("/start_session", headers={
         "Origin": "http://x", "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "*"})

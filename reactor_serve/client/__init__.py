@@ -12,14 +12,18 @@ from reactor_serve.client.session import (
     SessionRefused,
     connect,
 )
+from reactor_serve.client.viewer import ReactorViewer, ViewerCannotCommand, watch
 
 __all__ = [
     "ClientPeer",
     "ClientState",
     "ReactorClient",
+    "ReactorViewer",
     "ReceivedAudio",
     "ReceivedVideo",
     "ReconnectPolicy",
     "SessionRefused",
+    "ViewerCannotCommand",
     "connect",
+    "watch",
 ]

@@ -450,6 +450,18 @@ class ReactorClient:
         reply = await self.next_message("modelSchema", scope="runtime", after=mark, timeout=timeout)
         return reply["data"]
 
+    async def viewer_link(self) -> dict[str, Any]:
+        """A watch-only link to this session, for `watch()` or a browser:
+        `{"viewer_token", "url", "viewers", "max_viewers"}`. The same token each time
+        until `revoke_viewer_link()`; it dies with the session."""
+        url = join_url(self.base_url, f"sessions/{self.session_id}/viewers")
+        return checked_json(await self._http.post(url), 201)
+
+    async def revoke_viewer_link(self) -> bool:
+        """End every viewer and forget the link; whether there was one."""
+        url = join_url(self.base_url, f"sessions/{self.session_id}/viewers")
+        return bool(checked_json(await self._http.delete(url), 200).get("revoked"))
+
     async def request_capabilities(self, timeout: float = 10.0) -> dict[str, Any]:
         mark = len(self.peer.messages)
         self.peer.send_runtime("requestCapabilities", {})

@@ -164,6 +164,14 @@ def dashboard() -> dict[str, Any]:
             unit="short",
         ),
         _panel(
+            "Viewers (sum over live sessions)",
+            "Watch-only viewers of live sessions (viewer links); they share one encode "
+            "per codec and are not sessions.",
+            [(f"sum by (application, model) (ray_reactor_viewers{{{_OURS}}} and {_LIVE})",
+              "{{model}} ({{application}})")],
+            unit="short",
+        ),
+        _panel(
             "Sessions started per minute",
             "Sessions a replica took.",
             [(f"60 * sum by (application, model) "

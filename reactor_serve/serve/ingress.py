@@ -100,8 +100,15 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
     # folder (the trailing slash is what lets the page's relative URLs reach the model).
     app.include_router(asset_routes("", "/models/{name}"))
 
-    @app.get("/", include_in_schema=False)
-    async def picker_page() -> HTMLResponse:
+    @app.get("/", include_in_schema=False, response_model=None)
+    async def picker_page(request: Request) -> HTMLResponse | RedirectResponse:
+        watch = request.query_params.get("watch")
+        backends = _live_backends()
+        if watch is not None and backends:
+            # A viewer link made on the root routes (the first model's): its page is
+            # that model's player, in viewer mode. Relative, to keep any prefix.
+            first = next(iter(backends))
+            return RedirectResponse(f"models/{quote(first)}/?watch={quote(watch)}", 307)
         return page_response(PICKER_PAGE)
 
     @app.get("/models/{name}/", include_in_schema=False)

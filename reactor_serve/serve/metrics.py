@@ -22,6 +22,7 @@ METRIC_NAMES = (
     "reactor_output_fps",
     "reactor_pacing_jitter_ms",
     "reactor_queue_depth",
+    "reactor_viewers",
     "reactor_dropped_frames",
     "reactor_model_errors",
     "reactor_model_process_restarts",
@@ -47,6 +48,7 @@ class ReplicaMetrics:
         self.fps = Gauge("reactor_output_fps", "Frames presented per second", tags)
         self.jitter = Gauge("reactor_pacing_jitter_ms", "Deviation of presentation from the slot", tags)
         self.queue_depth = Gauge("reactor_queue_depth", "Frames waiting in the output buffer", tags)
+        self.viewers = Gauge("reactor_viewers", "Watch-only viewers of the live session", tags)
         self.dropped = Counter("reactor_dropped_frames", "Frames dropped by emit(drop=True)", tags)
         self.errors = Counter("reactor_model_errors", "Exceptions raised by model code", tags)
         self.restarts = Counter(
@@ -55,7 +57,8 @@ class ReplicaMetrics:
             tags,
         )
         for metric in (self.live, self.started, self.ended, self.ttff, self.fps, self.jitter,
-                       self.queue_depth, self.dropped, self.errors, self.restarts):
+                       self.queue_depth, self.dropped, self.errors, self.restarts,
+                       self.viewers):
             metric.set_default_tags({"model": model})
         self._dropped_seen = 0
         self._errors_seen = 0
@@ -70,6 +73,7 @@ class ReplicaMetrics:
         self.live.set(0)
         self.fps.set(0)
         self.queue_depth.set(0)
+        self.viewers.set(0)
         if model_errors > self._errors_seen:
             self.errors.inc(model_errors - self._errors_seen)
             self._errors_seen = model_errors
@@ -89,6 +93,8 @@ class ReplicaMetrics:
             self.fps.set(float(stats["fps"]))
         if "queue_depth" in stats:
             self.queue_depth.set(float(stats["queue_depth"]))
+        if "viewers" in stats:
+            self.viewers.set(float(stats["viewers"]))
         if stats.get("jitter_ms") is not None:
             self.jitter.set(float(stats["jitter_ms"]))
         dropped = int(stats.get("dropped", 0))

@@ -271,6 +271,8 @@ class ModelReplica:
                 value = None
             elif op == "stop_unnamed":
                 value = await sessions.stop_unnamed(ClientIdentity(str(args["client"])))
+            elif op in _VIEWER_OPS:
+                value = await _viewer_op(sessions, op, session_id, args)
             elif op == "shutdown":
                 await sessions.end_session(session_id, EndReason.SHUTDOWN,
                                            "the server is shutting down")
@@ -312,6 +314,25 @@ def control_call(actor_self: Any, op: str, session_id: str, args: dict[str, Any]
     if not isinstance(replica, ModelReplica):
         return _error("UnknownSession", 404, f"unknown session {session_id!r}")
     return replica.control_from_thread(op, session_id, args)
+
+
+_VIEWER_OPS = ("viewer_link", "viewer_revoke", "watch_info", "watch_offer", "watch_poll")
+
+
+async def _viewer_op(sessions: LocalBackend, op: str, session_id: str, args: dict[str, Any]) -> Any:
+    """A viewer-link operation on the replica's session. The watch ops check the token
+    against the session's own (the ingress found the session by the token)."""
+    if op == "viewer_link":
+        return await sessions.viewer_link(session_id)
+    if op == "viewer_revoke":
+        return await sessions.revoke_viewers(session_id)
+    token = str(args.get("viewer_token", ""))
+    if op == "watch_info":
+        return await sessions.watch_info(token)
+    if op == "watch_offer":
+        return await sessions.watch_offer(token, args["sdp_offer"], args["track_mapping"])
+    answer = await sessions.watch_poll(token, args["connection_id"])
+    return {"pending": answer.status} if isinstance(answer, AnswerPending) else {"sdp": str(answer)}
 
 
 def _error(kind: str, status: int, message: str, retry_after_s: float | None = None) -> dict[str, Any]:

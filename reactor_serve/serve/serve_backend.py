@@ -40,7 +40,9 @@ from reactor_serve.webrtc.backend import (
     OfferRejected,
     SessionInfo,
     SessionState,
+    SdpAnswer,
     UnknownSession,
+    ViewersUnavailable,
     mask_session_id,
 )
 from reactor_serve.webrtc.ice import client_ice_servers, require_turn_secrets, session_ice_servers
@@ -49,6 +51,10 @@ from reactor_serve.webrtc.settings import IceServer
 __all__ = ["AdmissionTimeout", "ServeBackend"]
 
 log = logging.getLogger("reactor_serve.serve")
+
+# What a viewer is told of a token that leads nowhere (never issued, revoked, its
+# session ended): the same words whatever the case, naming no session.
+_VIEWER_GONE = "unknown viewer link, or the session it watched has ended"
 
 # What a replica's death is reported as, to the client and in the record.
 REPLICA_DIED = "the replica running this session died"
@@ -274,6 +280,79 @@ class ServeBackend:
 
     def ice_servers(self, session_id: str) -> list[dict[str, Any]]:
         return client_ice_servers(session_ice_servers(self._ice_servers, session_id))
+
+    # ---- viewers (ViewerBackend) ----------------------------------------------------
+    #
+    # The replica that owns a session keeps its viewers; the directory maps each viewer
+    # token to its session, so any ingress replica routes a viewer's request there.
+    # Viewers are no sessions: no record, no slot, nothing the autoscaler counts.
+
+    async def viewer_link(self, session_id: str) -> dict[str, Any]:
+        record = await self._record(session_id, live=True)
+        if record["state"] != "placed":
+            raise ViewersUnavailable(
+                "the session is not streaming yet: ask for a viewer link once it streams"
+            )
+        link = await self._on_replica(session_id, record, "viewer_link", {})
+        await self._directory.put_viewer(str(link["viewer_token"]), session_id, self._spec.name)
+        return dict(link)
+
+    async def revoke_viewers(self, session_id: str) -> bool:
+        record = await self._record(session_id, live=True)
+        if record["state"] != "placed":
+            return False
+        # The token's directory entry stays until a viewer tries it (then it is dropped).
+        return bool(await self._on_replica(session_id, record, "viewer_revoke", {}))
+
+    async def watch_info(self, viewer_token: str) -> dict[str, Any]:
+        return dict(await self._on_watched(viewer_token, "watch_info", {}))
+
+    async def watch_offer(
+        self, viewer_token: str, sdp_offer: str, track_mapping: list[dict[str, Any]]
+    ) -> int:
+        return int(await self._on_watched(viewer_token, "watch_offer", {
+            "sdp_offer": sdp_offer, "track_mapping": track_mapping,
+        }))
+
+    async def watch_poll(self, viewer_token: str, connection_id: int) -> SdpAnswer | AnswerPending:
+        result = await self._on_watched(viewer_token, "watch_poll", {"connection_id": connection_id})
+        if "pending" in result:
+            return AnswerPending(result["pending"])
+        return SdpAnswer(result["sdp"], connection_id)
+
+    async def watch_ice_servers(self, viewer_token: str) -> list[dict[str, Any]]:
+        await self._watched(viewer_token)
+        return client_ice_servers(session_ice_servers(self._ice_servers, viewer_token))
+
+    async def _watched(self, viewer_token: str) -> tuple[str, SessionRecord]:
+        try:
+            entry = await self._directory.viewer(viewer_token)
+        except Exception:
+            raise ModelUnavailable("the session directory is unavailable; retry shortly",
+                                   retry_after_s=1.0) from None
+        if not entry or entry.get("model") != self._spec.name:
+            raise UnknownSession(_VIEWER_GONE)
+        session_id = str(entry.get("session_id"))
+        try:
+            record = await self._record(session_id, live=True)
+        except UnknownSession:
+            await self._directory.drop_viewer(viewer_token)
+            raise UnknownSession(_VIEWER_GONE) from None
+        if record.get("state") != "placed":
+            raise UnknownSession(_VIEWER_GONE)
+        return session_id, record
+
+    async def _on_watched(self, viewer_token: str, op: str, args: dict[str, Any]) -> Any:
+        session_id, record = await self._watched(viewer_token)
+        try:
+            return await self._on_replica(
+                session_id, record, op, {**args, "viewer_token": viewer_token}
+            )
+        except UnknownSession:
+            raise UnknownSession(_VIEWER_GONE) from None
+        except BackendError as exc:
+            # A replica's message may name the session: a viewer must never learn it.
+            raise type(exc)(str(exc).replace(session_id, "…"), exc.retry_after_s) from None
 
     # ---- for the ingress ----------------------------------------------------------
 

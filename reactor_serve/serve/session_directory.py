@@ -54,6 +54,7 @@ class SessionDirectory:
         self._prefix = f"{app_name}/session/"
         self._queue_prefix = f"{app_name}/queue/"
         self._models_prefix = f"{app_name}/model/"
+        self._viewer_prefix = f"{app_name}/viewer/"
 
     def _key(self, session_id: str) -> bytes:
         return (self._prefix + session_id).encode()
@@ -168,3 +169,24 @@ class SessionDirectory:
                                       (self._models_prefix + name).encode(),
                                       namespace=_NAMESPACE)
         return json.loads(raw) if raw else {}
+
+    # ---- viewer links -------------------------------------------------------------
+    #
+    # A viewer token leads to its session here, under a key of its own: the viewer
+    # routes find the session's replica without the viewer ever holding the session id.
+
+    async def put_viewer(self, viewer_token: str, session_id: str, model: str) -> None:
+        data = json.dumps({"session_id": session_id, "model": model}).encode()
+        await asyncio.to_thread(_kv()._internal_kv_put, (self._viewer_prefix + viewer_token).encode(),
+                                data, True, namespace=_NAMESPACE)
+
+    async def viewer(self, viewer_token: str) -> dict[str, Any] | None:
+        """`{"session_id", "model"}` of a viewer token, or None."""
+        raw = await asyncio.to_thread(_kv()._internal_kv_get,
+                                      (self._viewer_prefix + viewer_token).encode(),
+                                      namespace=_NAMESPACE)
+        return json.loads(raw) if raw else None
+
+    async def drop_viewer(self, viewer_token: str) -> None:
+        await asyncio.to_thread(_kv()._internal_kv_del, (self._viewer_prefix + viewer_token).encode(),
+                                namespace=_NAMESPACE)

@@ -4,6 +4,7 @@ import { Controls, commandsOf, el } from "./controls.js";
 import { InputSource } from "./inputs.js";
 import { ReactorSession } from "./session.js";
 import { ConnectionMeter, FrameMeter, renderStats } from "./stats.js";
+import { ViewerSession } from "./viewer_session.js";
 
 const LOG_LIMIT = 200;
 const STATS_INTERVAL_MS = 1000;
@@ -12,7 +13,9 @@ const KEY_EVENTS = ["key_down", "key_up"];
 
 const $ = (id) => document.getElementById(id);
 const baseUrl = new URL(".", location.href).pathname.replace(/\/+$/, "");
-const session = new ReactorSession(baseUrl);
+// A viewer link (`?watch=<token>`) opens the page in viewer mode: watch only.
+const watchToken = new URLSearchParams(location.search).get("watch");
+const session = watchToken ? new ViewerSession(baseUrl, watchToken) : new ReactorSession(baseUrl);
 const controls = new Controls($("controls"), (command, args) => session.send(command, args));
 
 const tiles = new Map(); // output track name -> <video>/<audio>
@@ -55,6 +58,7 @@ session.addEventListener("track", ({ detail }) => {
 });
 
 session.addEventListener("schema", ({ detail }) => {
+  if (watchToken) return; // a viewer gets no controls
   const names = new Map(commandsOf(detail).map((c) => [c.name, c]));
   keyboard = KEY_EVENTS.every((n) => names.has(n) && "key" in names.get(n).params);
   $("keys-hint").hidden = !keyboard;
@@ -255,5 +259,39 @@ setInterval(async () => {
 }, STATS_INTERVAL_MS);
 
 if (/\/models\/[^/]+$/.test(baseUrl)) $("home").hidden = false;
+setUpSharing();
 window.reactorSession = session; // for the browser console and the tests
 start();
+
+// ------------------------------------------------------------------ viewers
+
+/** Viewer mode hides what steers the session; the owner's page gets "Share view",
+ * which asks for the session's viewer link and shows (and copies) it. */
+function setUpSharing() {
+  const share = $("share");
+  if (watchToken) {
+    document.body.classList.add("viewer");
+    share.hidden = true;
+    $("controls").closest("section").hidden = true;
+    $("inputs-panel").hidden = true;
+    $("stop").textContent = "Leave";
+    $("reconnect").textContent = "Watch again";
+    return;
+  }
+  share.addEventListener("click", async () => {
+    const field = $("share-link");
+    try {
+      if (!session.sessionId) throw new Error("start a session first");
+      const response = await fetch(`${baseUrl}/sessions/${session.sessionId}/viewers`, { method: "POST" });
+      const body = await response.json().catch(() => ({}));
+      if (response.status !== 201) throw new Error(body.detail || `${response.status}`);
+      field.value = body.url;
+      field.hidden = false;
+      field.select();
+      log("viewer link", { url: body.url, viewers: body.viewers, max_viewers: body.max_viewers }, "runtime");
+      if (navigator.clipboard) navigator.clipboard.writeText(body.url).catch(() => {});
+    } catch (err) {
+      log("viewer link refused", { message: err.message }, "error");
+    }
+  });
+}

@@ -160,8 +160,7 @@ export class ReactorSession extends EventTarget {
     const current = () => {
       if (generation !== this._generation) throw new Superseded();
     };
-    const { ice_servers: iceServers } = await this._request(
-      "GET", `/sessions/${this.sessionId}/transport/webrtc/ice_servers`);
+    const { ice_servers: iceServers } = await this._request("GET", this._transportPath("ice_servers"));
     current();
     const pc = new RTCPeerConnection({
       iceServers: iceServers.map((s) => ({
@@ -209,14 +208,14 @@ export class ReactorSession extends EventTarget {
         .map((t) => ({ mid: t.mid, ...names.get(t) }));
       const missing = mapping.find((entry) => entry.mid === null);
       if (missing) throw new SessionError(`track ${missing.name} has no mid in the offer`);
-      const path = `/sessions/${this.sessionId}/transport/webrtc/sdp_params`;
-      await this._request(method, path, {
+      const path = this._transportPath("sdp_params");
+      const offered = await this._request(method, path, {
         sdp_offer: pc.localDescription.sdp,
         client_info: { name: "reactor-serve web page", user_agent: navigator.userAgent },
         track_mapping: mapping,
       });
       current();
-      const answer = await this._pollAnswer(path, generation);
+      const answer = await this._pollAnswer(this._answerPath(path, offered), generation);
       current();
       await pc.setRemoteDescription({ type: "answer", sdp: answer });
       current();
@@ -239,6 +238,16 @@ export class ReactorSession extends EventTarget {
       }
       throw err;
     }
+  }
+
+  /** Where this session's transport routes are (a viewer's differ: viewer_session.js). */
+  _transportPath(what) {
+    return `/sessions/${this.sessionId}/transport/webrtc/${what}`;
+  }
+
+  /** Where the answer to an offer is polled, given the offer's 202 body. */
+  _answerPath(path, offered) {
+    return path;
   }
 
   async _pollAnswer(path, generation) {

@@ -27,6 +27,9 @@ __all__ = [
     "SessionInfo",
     "SessionState",
     "UnknownSession",
+    "ViewerBackend",
+    "ViewerLimitReached",
+    "ViewersUnavailable",
     "mask_session_id",
 ]
 
@@ -212,3 +215,49 @@ class SessionBackend(Protocol):
     def ice_servers(self, session_id: str) -> list[dict[str, Any]]:
         """`[{"uris": [...], "credentials"?: {"username", "password"}}]` for the client
         of `session_id`: TURN credentials minted from a secret are its own."""
+
+
+# ---- viewers (watch-only links to a session) -------------------------------------------
+
+
+class ViewerLimitReached(BackendError):
+    """The session already has `max_viewers` viewers."""
+
+    status = 429
+
+
+class ViewersUnavailable(BackendError):
+    """The session cannot be watched: viewers are off for the model
+    (`webrtc.max_viewers: 0`), or the session is not streaming yet."""
+
+    status = 409
+
+
+class ViewerBackend(Protocol):
+    """What the viewer routes need of a backend. A viewer token is a capability to
+    watch one session and nothing else: no method taking one reveals the session id,
+    and none lets its holder command, stop or reconnect the session."""
+
+    async def viewer_link(self, session_id: str) -> dict[str, Any]:
+        """The session's viewer token (minted on first request, then the same one):
+        `{"viewer_token", "viewers", "max_viewers"}`. Raises UnknownSession,
+        ViewersUnavailable."""
+
+    async def revoke_viewers(self, session_id: str) -> bool:
+        """Forget the session's viewer token and end its viewers; whether there was one."""
+
+    async def watch_info(self, viewer_token: str) -> dict[str, Any]:
+        """`{"state", "viewers", "max_viewers"}` of the watched session. Raises
+        UnknownSession for an unknown token or an ended session."""
+
+    async def watch_offer(
+        self, viewer_token: str, sdp_offer: str, track_mapping: list[dict[str, Any]]
+    ) -> int:
+        """Start answering a viewer's offer; returns its connection id. Raises
+        UnknownSession, OfferRejected, ViewerLimitReached."""
+
+    async def watch_poll(self, viewer_token: str, connection_id: int) -> SdpAnswer | AnswerPending:
+        """The answer to viewer connection `connection_id`, or AnswerPending."""
+
+    async def watch_ice_servers(self, viewer_token: str) -> list[dict[str, Any]]:
+        """The ICE servers a viewer uses (TURN credentials minted for the token)."""

@@ -36,7 +36,7 @@ log = logging.getLogger("reactor_serve.webrtc.http")
 _Scope = MutableMapping[str, Any]
 _ASGIApp = Callable[[_Scope, Any, Any], Awaitable[None]]
 
-CORS_METHODS: tuple[str, ...] = ("GET", "POST", "PUT", "OPTIONS")
+CORS_METHODS: tuple[str, ...] = ("GET", "POST", "PUT", "DELETE", "OPTIONS")
 CORS_ALLOWED_HEADERS: tuple[str, ...] = (
     "Authorization",
     "Content-Type",

@@ -37,6 +37,7 @@ from reactor_serve.webrtc.backend import (
     SessionInfo,
     SessionState,
     UnknownSession,
+    ViewersUnavailable,
     mask_session_id,
 )
 from reactor_serve.webrtc.ice import client_ice_servers, session_ice_servers
@@ -54,6 +55,7 @@ from reactor_serve.webrtc.web_page import (
 if TYPE_CHECKING:
     from reactor_serve.runtime.session import SessionHost
     from reactor_serve.webrtc.peer import PeerSession
+    from reactor_serve.webrtc.viewers import ViewerRoom
 
 __all__ = ["LocalBackend", "ModelUnavailable", "NegotiationFailed", "create_app"]
 
@@ -147,6 +149,8 @@ class LocalBackend:
         self._ended: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
         # Tasks we start, referenced until done (the loop keeps weak references).
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Viewer token -> the session it watches (ViewerBackend).
+        self._watch_tokens: dict[str, _Slot] = {}
 
     # ---- SessionBackend --------------------------------------------------------------
 
@@ -352,6 +356,65 @@ class LocalBackend:
         return {"replicas": replicas, "starting": 0, "busy": busy, "free": replicas - busy,
                 "waiting": 0, "max_replicas": 1}
 
+    # ---- ViewerBackend: watch-only links ----------------------------------------------
+
+    async def viewer_link(self, session_id: str) -> dict[str, Any]:
+        slot = self._live_slot(session_id)
+        if self._settings.max_viewers == 0:
+            raise ViewersUnavailable(
+                f"model {self.spec.name} takes no viewers (webrtc.max_viewers is 0)"
+            )
+        room = self._room(slot)
+        token = room.link()
+        self._watch_tokens[token] = slot
+        return {"viewer_token": token, "viewers": room.count, "max_viewers": room.max_viewers}
+
+    async def revoke_viewers(self, session_id: str) -> bool:
+        slot = self._live_slot(session_id)
+        room: ViewerRoom | None = getattr(slot.peer, "viewers", None)
+        if room is None:
+            return False
+        if room.token is not None:
+            self._watch_tokens.pop(room.token, None)
+        return await room.revoke()
+
+    async def watch_info(self, viewer_token: str) -> dict[str, Any]:
+        slot, room = self._watched(viewer_token)
+        return {"state": slot.info.state, "viewers": room.count, "max_viewers": room.max_viewers}
+
+    async def watch_offer(
+        self, viewer_token: str, sdp_offer: str, track_mapping: list[dict[str, Any]]
+    ) -> int:
+        return self._watched(viewer_token)[1].offer(sdp_offer, track_mapping)
+
+    async def watch_poll(self, viewer_token: str, connection_id: int) -> SdpAnswer | AnswerPending:
+        return self._watched(viewer_token)[1].poll(connection_id)
+
+    async def watch_ice_servers(self, viewer_token: str) -> list[dict[str, Any]]:
+        self._watched(viewer_token)
+        # Minted for the token: a TURN username never carries the session id.
+        return client_ice_servers(session_ice_servers(self._settings.ice_servers, viewer_token))
+
+    def _room(self, slot: _Slot) -> ViewerRoom:
+        room: ViewerRoom | None = getattr(slot.peer, "viewers", None)
+        if room is None:
+            raise ViewersUnavailable(
+                "the session is not streaming yet: ask for a viewer link once it streams"
+            )
+        return room
+
+    def _watched(self, viewer_token: str) -> tuple[_Slot, ViewerRoom]:
+        slot = self._watch_tokens.get(viewer_token) if isinstance(viewer_token, str) else None
+        room = getattr(slot.peer, "viewers", None) if slot is not None else None
+        if (
+            slot is None or room is None or slot is not self._current
+            or slot.closing is not None or not room.admits(viewer_token)
+        ):
+            # One answer for a token never issued, revoked, or whose session ended: a
+            # viewer learns nothing about other sessions from it.
+            raise UnknownSession("unknown viewer link, or the session it watched has ended")
+        return slot, room
+
     # ---- for the Serve replica and operators ----------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -509,6 +572,9 @@ class LocalBackend:
 
     def _release(self, slot: _Slot) -> None:
         self._cancel_expiry(slot)
+        # Viewer tokens die with their session.
+        for token in [t for t, watched in self._watch_tokens.items() if watched is slot]:
+            del self._watch_tokens[token]
         slot.info.state = SessionState.ENDED
         if self._current is slot:
             self._current = None

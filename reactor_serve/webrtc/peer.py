@@ -41,6 +41,7 @@ from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
 from reactor_serve.webrtc.ice import rtc_configuration, session_ice_servers
 from reactor_serve.webrtc.media import OutputFanout, receive_input
 from reactor_serve.webrtc.settings import WebRTCSettings
+from reactor_serve.webrtc.viewers import ViewerRoom
 
 __all__ = ["PeerSession", "TrackMapping", "parse_candidates"]
 
@@ -138,6 +139,8 @@ class PeerSession:
         # a backend mints).
         self._local_ids = itertools.count(-1, -1)
         self.ignored_frames = 0
+        # Watch-only viewers of this session (webrtc/viewers.py), once it is open.
+        self.viewers: ViewerRoom | None = None
         apply_bitrate_range(settings)
         # Loopback only, a port range, an announced address: per peer connection.
         self._host_candidates = HostCandidatePolicy.from_settings(settings)
@@ -423,6 +426,7 @@ class PeerSession:
                 f"the model ended the session at connect: {session.end_detail}"
             )
         self._fanout.start()
+        self.viewers = ViewerRoom(self.id, self.host.spec, self.settings, self._fanout)
         self._watchdog_task = self._spawn(self._watchdog())
         self._stats_task = self._spawn(self._report_stats())
 
@@ -589,6 +593,10 @@ class PeerSession:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._send, text)
+            viewers = self.viewers
+            if viewers is not None and ViewerRoom.shares(envelope):
+                ending = envelope.get("scope") == "runtime" and data.get("type") == "sessionEnded"
+                loop.call_soon_threadsafe(viewers.broadcast, text, ending)
 
     def _model_ended(self, reason: str, detail: str | None) -> None:
         loop = self._loop
@@ -662,6 +670,8 @@ class PeerSession:
             if conn.pc is not None and conn.pc is not pc:
                 await self._discard(conn.pc, [])  # an offer abandoned mid-way
                 conn.pc = None
+        if self.viewers is not None:
+            await self.viewers.close(reason, detail)
         if self._fanout is not None:
             await self._fanout.stop()
         self._set_state(SessionState.ENDED)
@@ -702,7 +712,10 @@ class PeerSession:
             stats = self.stats()
             stats["connections"] = self.connections
             try:
-                self._send(protocol.runtime("stats", stats))
+                text = protocol.runtime("stats", stats)
+                self._send(text)
+                if self.viewers is not None:
+                    self.viewers.broadcast(text)
             except protocol.ProtocolError:
                 log.exception("session %s: stats are not JSON", self.id)
 
@@ -710,6 +723,8 @@ class PeerSession:
         data = self.session.stats() if self.session is not None else {}
         if self._fanout is not None:
             data["superseded"] = self._fanout.superseded()
+        if self.viewers is not None:
+            data.update(self.viewers.stats())
         return data
 
 

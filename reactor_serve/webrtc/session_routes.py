@@ -41,6 +41,7 @@ from reactor_serve.webrtc.backend import (
     ClientIdentity,
     SessionBackend,
     SessionInfo,
+    ViewerBackend,
 )
 from reactor_serve.webrtc.bounded_json import JSONBodyError, parse_json_object
 from reactor_serve.webrtc.cors import CORSMiddleware
@@ -366,6 +367,7 @@ def session_routes(
     add(f"{conn}/sdp_params", connection_poll, "GET", "get_connection_answer")
     add(f"{conn}/ice_candidates", connection_ice_candidates, "POST",
         "connection_ice_candidates", status_code=202)
+    _add_viewer_routes(router, backend_for)
     return router
 
 
@@ -389,3 +391,91 @@ def _track_map(b: SessionBackend) -> dict[str, Any]:
             rate = float(spec.fps) if t.kind == "video" else t.sample_rate
             tracks[t.name] = {"kind": t.kind, "direction": direction, "rate": rate}
     return tracks
+
+
+# --------------------------------------------------------------------------- viewers
+
+
+def _viewer_backend(b: SessionBackend) -> ViewerBackend:
+    if not callable(getattr(b, "viewer_link", None)):
+        raise _Refused(404, "this server has no viewer links")
+    return b  # type: ignore[return-value]
+
+
+def _viewer_token(value: str) -> str:
+    # Minted like session ids; anything else names no viewer link.
+    if not _SESSION_ID.fullmatch(value):
+        raise _Refused(404, "unknown viewer link, or the session it watched has ended")
+    return value
+
+
+def _add_viewer_routes(
+    router: APIRouter, backend_for: Callable[[Request], SessionBackend]
+) -> None:
+    """Watch-only links (webrtc/viewers.py). The owner, proven by the session id in the
+    path, asks for the link; a viewer, holding only the token, reads what to offer and
+    offers. Nothing a viewer gets names the session."""
+
+    @_answering
+    async def create_link(request: Request, sid: str) -> JSONResponse:
+        sid = _session_id(sid)
+        b = _viewer_backend(backend_for(request))
+        link = await b.viewer_link(sid)
+        token = str(link["viewer_token"])
+        # The player page of this base, in viewer mode.
+        page = str(request.url.replace(query="")).rstrip("/")
+        page = page[: -len(f"/sessions/{sid}/viewers")] if page.endswith("/viewers") else page
+        return _json({**link, "url": f"{page}/?watch={token}"}, 201)
+
+    @_answering
+    async def revoke_link(request: Request, sid: str) -> JSONResponse:
+        sid = _session_id(sid)
+        revoked = await _viewer_backend(backend_for(request)).revoke_viewers(sid)
+        return _json({"revoked": revoked})
+
+    @_answering
+    async def watch_descriptor(request: Request, token: str) -> JSONResponse:
+        from reactor_serve.webrtc.schema import capabilities
+
+        token = _viewer_token(token)
+        b = backend_for(request)
+        info = await _viewer_backend(b).watch_info(token)
+        caps = capabilities(b.spec)
+        caps["tracks"] = [t for t in caps["tracks"] if t.get("direction") == "recvonly"]
+        caps["commands"] = []
+        return _json({"viewer": True, "model": {"name": b.spec.name}, "capabilities": caps, **info})
+
+    @_answering
+    async def watch_ice_servers(request: Request, token: str) -> JSONResponse:
+        token = _viewer_token(token)
+        servers = await _viewer_backend(backend_for(request)).watch_ice_servers(token)
+        return _json({"ice_servers": servers})
+
+    @_answering
+    async def watch_offer(request: Request, token: str) -> JSONResponse:
+        token = _viewer_token(token)
+        body = offer_body(await _body(request))
+        cid = await _viewer_backend(backend_for(request)).watch_offer(
+            token, body.sdp_offer, body.track_mapping
+        )
+        return _json({"connection_id": cid}, 202)
+
+    @_answering
+    async def watch_poll(request: Request, token: str) -> JSONResponse:
+        token = _viewer_token(token)
+        given = request.query_params.get("connection_id")
+        if given is None:
+            raise _Refused(400, "missing query parameter 'connection_id' (from the offer's 202)")
+        number = _connection_id(given)
+        result = await _viewer_backend(backend_for(request)).watch_poll(token, number)
+        return _answer(result, number)
+
+    def add(path: str, endpoint: Callable[..., Any], method: str, name: str, **kw: Any) -> None:
+        router.add_api_route(path, endpoint, methods=[method], name=name, **kw)
+
+    add("/sessions/{sid}/viewers", create_link, "POST", "create_viewer_link", status_code=201)
+    add("/sessions/{sid}/viewers", revoke_link, "DELETE", "revoke_viewer_link")
+    add("/watch/{token}", watch_descriptor, "GET", "watch_descriptor")
+    add("/watch/{token}/ice_servers", watch_ice_servers, "GET", "watch_ice_servers")
+    add("/watch/{token}/sdp_params", watch_offer, "POST", "watch_offer", status_code=202)
+    add("/watch/{token}/sdp_params", watch_poll, "GET", "watch_answer")

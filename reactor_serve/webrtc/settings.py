@@ -18,6 +18,8 @@
       announced_address: 203.0.113.7   # host candidates advertised with this address
       udp_port_range: 50000-50199      # host candidates bind only these UDP ports
       ice_transport_policy: all        # all | relay (relay candidates only)
+      max_viewers: 4                   # watch-only viewers per session (0: none)
+      viewer_keyframe_interval_s: 2    # viewers' keyframe period (their recovery time)
 """
 
 from __future__ import annotations
@@ -133,6 +135,11 @@ class WebRTCSettings(BaseModel):
     # state and a new offer resumes it (the JS SDK's reconnect). 0 ends it at once.
     reconnect_grace_s: float = Field(default=30.0, ge=0)
     stats_interval_s: float = Field(default=1.0, gt=0)
+    # Viewers (watch-only links, webrtc/viewers.py): at most this many per session
+    # (0: no viewer links), and how often their shared encoder makes a keyframe, which
+    # is how long a viewer that lost packets waits to see a whole picture again.
+    max_viewers: int = Field(default=4, ge=0, le=64)
+    viewer_keyframe_interval_s: float = Field(default=2.0, gt=0, le=60)
 
     @field_validator("announced_address")
     @classmethod
