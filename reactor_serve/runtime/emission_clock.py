@@ -26,6 +26,7 @@ import numpy as np
 
 from reactor_serve.interface.tracks import TrackDecl
 from reactor_serve.runtime.frames import black_frame
+from reactor_serve.runtime.input_latency import FrameAnswer
 from reactor_serve.runtime.output_buffer import OutputBuffer
 
 __all__ = ["EmissionClock", "PresentedFrame", "VIDEO_CLOCK_RATE", "AUDIO_CLOCK_RATE"]
@@ -47,6 +48,8 @@ class PresentedFrame:
     emitted_at: float | None
     seq: int | None
     fps: float
+    # Commands whose first answer this slot's new frame is (runtime/input_latency.py).
+    answers: tuple[FrameAnswer, ...] = ()
 
 
 class EmissionClock:
@@ -243,4 +246,5 @@ class EmissionClock:
             emitted_at=item.emitted_at if item is not None else None,
             seq=item.seq if item is not None else None,
             fps=interval_fps,
+            answers=item.answers if item is not None else (),
         )

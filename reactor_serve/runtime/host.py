@@ -17,6 +17,7 @@ import asyncio
 import inspect
 import logging
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Coroutine
@@ -29,6 +30,7 @@ from reactor_serve.interface.messages import ModelMessage
 from reactor_serve.interface.state import InputRejected
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.input_buffer import InputBuffer
+from reactor_serve.runtime.input_latency import CommandTicket, FrameAnswer
 from reactor_serve.runtime.kind_driver import DriverHost, KindDriver, call_model
 from reactor_serve.runtime.model_spec import CommandSpec, ModelSpec, inspect_model
 from reactor_serve.runtime.model_thread import ModelThread
@@ -101,6 +103,8 @@ class ModelHost:
         self.restarts = 0
         self._queued_commands = 0
         self._command_lock = threading.Lock()
+        # Commands applied since the last emit began, for its first frame to answer.
+        self._answers: list[FrameAnswer] = []
         # Tasks the host starts on the model loop, referenced until done (the loop
         # keeps only weak references to tasks).
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -242,6 +246,8 @@ class ModelHost:
             self.output_buffer.restart()
             self.splitter.reset()
             self._driver.drop_pending()
+            with self._command_lock:
+                self._answers.clear()
             if self.spec.state_cls is not None:
                 self.model.state = self.spec.state_cls()
             # Every model kind starts with empty, open input buffers that take this
@@ -317,8 +323,11 @@ class ModelHost:
 
     # ---- commands ---------------------------------------------------------------
 
-    def submit_command(self, session: Session, name: str, data: Any) -> None:
-        """A client command (any thread): validated and applied on the model loop."""
+    def submit_command(
+        self, session: Session, name: str, data: Any, ticket: CommandTicket | None = None
+    ) -> None:
+        """A client command (any thread): validated and applied on the model loop.
+        `ticket`: its id and arrival, for the frame that answers it."""
         if not self._thread.alive or session.stopping:
             return
         with self._command_lock:
@@ -328,16 +337,16 @@ class ModelHost:
         if full:
             session.send_runtime(
                 "commandError",
-                {
+                _with_id(ticket, {
                     "command": name,
                     "message": f"too many commands waiting (at most "
                     f"{self.MAX_QUEUED_COMMANDS}): {name!r} was dropped",
                     "errors": [{"field": None, "rule": "queue_full", "value": name}],
-                },
+                }),
             )
             return
         try:
-            self._thread.call_soon(self._on_command, session, name, data)
+            self._thread.call_soon(self._on_command, session, name, data, ticket)
         except RuntimeError:  # the model loop closed in between
             self._command_done()
 
@@ -345,7 +354,9 @@ class ModelHost:
         with self._command_lock:
             self._queued_commands = max(0, self._queued_commands - count)
 
-    def _on_command(self, session: Session, name: str, data: Any) -> None:
+    def _on_command(
+        self, session: Session, name: str, data: Any, ticket: CommandTicket | None
+    ) -> None:
         if session is not self._session or session.stopping:
             self._command_done()
             return
@@ -362,28 +373,37 @@ class ModelHost:
             self._command_done()
             session.send_runtime(
                 # Values described where JSON cannot carry them: the error always sends.
-                "commandError", command_error(name, exc.message, exc.errors)
+                "commandError", _with_id(ticket, command_error(name, exc.message, exc.errors))
             )
             return
-        self._driver.deliver(session, command, args)
+        self._driver.deliver(session, command, args, ticket)
 
-    async def _run_handler(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
+    async def _run_handler(
+        self, session: Session, command: CommandSpec, args: dict[str, Any],
+        ticket: CommandTicket | None = None,
+    ) -> None:
         try:
-            await self._apply(command, args)
+            await self._apply(command, args, ticket)
         except Exception as exc:
             if session is self._session and not session.stopping:
                 await self._fail(session, f"{command.target}()", exc)
         finally:
             self._command_done()
 
-    async def _apply(self, command: CommandSpec, args: dict[str, Any]) -> None:
+    async def _apply(
+        self, command: CommandSpec, args: dict[str, Any], ticket: CommandTicket | None = None
+    ) -> None:
         if command.kind == "setter":
             value = args[command.target]
             if getattr(self.model.state, command.target) == value:
-                return  # nothing changed: the queued frames are not stale
+                # Nothing changed: the queued frames are not stale, and the next
+                # frame made still answers the command.
+                self._answered(ticket)
+                return
             setattr(self.model.state, command.target, value)
         else:
             await call_model(getattr(self.model, command.target), **args)
+        self._answered(ticket)
         if self.spec.drop_stale_frames:
             # Every frame queued now was made before this change (a pipeline applies
             # commands between yields; a run loop's next emit follows the handler).
@@ -391,10 +411,21 @@ class ModelHost:
 
     # ---- output -----------------------------------------------------------------
 
+    def _answered(self, ticket: CommandTicket | None) -> None:
+        if ticket is not None:
+            with self._command_lock:
+                self._answers.append(FrameAnswer(ticket, time.monotonic()))
+
     def _prepare(self, output: Any, compute_time: float | None) -> list[FrameItem]:
-        """Validate and split one emit, and count it for the production rate."""
+        """Validate and split one emit, and count it for the production rate. Its first
+        frame answers the commands applied since the last emit began: an emit already
+        under way when a command applied was made before it."""
         items = self.splitter.split(output)
         if items:
+            with self._command_lock:
+                answers, self._answers = self._answers, []
+            if answers:
+                items[0].answers = tuple(answers)
             self.output_buffer.record_emit(items, compute_time)
         return items
 
@@ -493,11 +524,16 @@ class _HostForDriver(DriverHost):
     async def emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
         await self._host._emit(output, drop, compute_time)
 
-    async def run_handler(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
-        await self._host._run_handler(session, command, args)
+    async def run_handler(
+        self, session: Session, command: CommandSpec, args: dict[str, Any],
+        ticket: CommandTicket | None = None,
+    ) -> None:
+        await self._host._run_handler(session, command, args, ticket)
 
-    async def apply(self, command: CommandSpec, args: dict[str, Any]) -> None:
-        await self._host._apply(command, args)
+    async def apply(
+        self, command: CommandSpec, args: dict[str, Any], ticket: CommandTicket | None = None
+    ) -> None:
+        await self._host._apply(command, args, ticket)
 
     def command_done(self, count: int = 1) -> None:
         self._host._command_done(count)
@@ -571,3 +607,10 @@ def _legacy_defaults(model_cls: type) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the config must be a mapping at the top level")
     return data
+
+
+def _with_id(ticket: CommandTicket | None, error: dict[str, Any]) -> dict[str, Any]:
+    """A `commandError` names the id of the command it refuses, when it had one."""
+    if ticket is not None:
+        error["id"] = ticket.id
+    return error

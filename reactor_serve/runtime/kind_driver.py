@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
 
 from reactor_serve.interface.context import SessionContext
 from reactor_serve.runtime.input_buffer import InputBuffer
+from reactor_serve.runtime.input_latency import CommandTicket
 from reactor_serve.runtime.model_spec import CommandSpec, ModelSpec
 from reactor_serve.runtime.model_thread import ModelThread
 
@@ -78,11 +79,17 @@ class DriverHost(Protocol):
     async def emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
         """Validate, split and enqueue one emit (backpressure unless `drop`)."""
 
-    async def run_handler(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
+    async def run_handler(
+        self, session: Session, command: CommandSpec, args: dict[str, Any],
+        ticket: CommandTicket | None = None,
+    ) -> None:
         """Apply a validated command as a task; a failure ends the session."""
 
-    async def apply(self, command: CommandSpec, args: dict[str, Any]) -> None:
-        """Apply a validated command now (a setter or an event handler)."""
+    async def apply(
+        self, command: CommandSpec, args: dict[str, Any], ticket: CommandTicket | None = None
+    ) -> None:
+        """Apply a validated command now (a setter or an event handler); the next
+        emit's first frame answers `ticket`."""
 
     def command_done(self, count: int = 1) -> None:
         """`count` delivered commands were applied or dropped."""
@@ -106,7 +113,10 @@ class KindDriver(Protocol):
     def start_session(self, session: Session) -> None:
         """The client is connected and the `@connected` hooks ran: start producing."""
 
-    def deliver(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
+    def deliver(
+        self, session: Session, command: CommandSpec, args: dict[str, Any],
+        ticket: CommandTicket | None = None,
+    ) -> None:
         """A validated command for the live `session`, by this kind's rules."""
 
     def drop_pending(self) -> None:
@@ -138,8 +148,11 @@ class CommandsAsTasks:
 
     _host: DriverHost
 
-    def deliver(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
-        self._host.spawn(self._host.run_handler(session, command, args))
+    def deliver(
+        self, session: Session, command: CommandSpec, args: dict[str, Any],
+        ticket: CommandTicket | None = None,
+    ) -> None:
+        self._host.spawn(self._host.run_handler(session, command, args, ticket))
 
     def drop_pending(self) -> None:
         pass

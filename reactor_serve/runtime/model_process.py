@@ -42,6 +42,7 @@ from reactor_serve.runtime.frame_ring import FrameReader, FrameWriter
 from reactor_serve.runtime.frames import audio_chunk, video_batch
 from reactor_serve.runtime.host import ModelHost, ModelLoadError, SessionBusy, model_config
 from reactor_serve.runtime.input_buffer import InputBuffer
+from reactor_serve.runtime.input_latency import CommandTicket, FrameAnswer
 from reactor_serve.runtime.manifest import load_manifest
 from reactor_serve.runtime.model_spec import ModelSpec, inspect_model
 from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer
@@ -405,10 +406,12 @@ class ModelProcess:
             chunk = np.ascontiguousarray(audio_chunk(frame, track))
             child.channel.send("input", session.id, track, chunk)
 
-    def submit_command(self, session: Session, name: str, data: Any) -> None:
+    def submit_command(
+        self, session: Session, name: str, data: Any, ticket: CommandTicket | None = None
+    ) -> None:
         child = self._child
         if child is not None and not child.dead and not session.stopping:
-            child.channel.send("command", session.id, name, data)
+            child.channel.send("command", session.id, name, data, ticket)
 
     def _session_ended(self, session_id: str, reason: str, detail: str | None) -> None:
         session = self._sessions.get(session_id)
@@ -496,14 +499,18 @@ class ModelProcess:
         compute_time: float | None,
         frames: int,
         drop: bool,
-        part: list[tuple[dict[str, Any], dict[str, Any]]],
+        part: list[tuple[dict[str, Any], dict[str, Any], tuple[FrameAnswer, ...]]],
     ) -> None:
         buffer = self.output_buffer
         if child.dead:
             return  # its rings are gone with it
         items = [
-            FrameItem(video={t: child.outputs.view(ref) for t, ref in video.items()}, audio=audio)
-            for video, audio in part
+            FrameItem(
+                video={t: child.outputs.view(ref) for t, ref in video.items()},
+                audio=audio,
+                answers=answers,
+            )
+            for video, audio, answers in part
         ]
         if at is not None:
             buffer.record_emit(items, compute_time, at=at, frames=frames)

@@ -147,10 +147,10 @@ class _Worker:
             except (KeyError, ValueError) as exc:
                 log.warning("input frame for %r refused: %s", track, exc)
         elif op == "command":
-            session_id, name, data = args
+            session_id, name, data, ticket = args
             session = self.sessions.get(session_id)
             if session is not None:
-                host.submit_command(session, name, data)
+                host.submit_command(session, name, data, ticket)
         elif op == "open":
             asyncio.run_coroutine_threadsafe(self._open(*args), self.loop)
         elif op == "close":

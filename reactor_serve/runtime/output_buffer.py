@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Protocol
 import numpy as np
 
 from reactor_serve.runtime._waiters import LoopWaiters
+from reactor_serve.runtime.input_latency import FrameAnswer
 from reactor_serve.runtime.production_rate import ProductionRate
 
 __all__ = ["FrameItem", "OutputBuffer", "OutputPort", "check_fps"]
@@ -38,6 +39,8 @@ class FrameItem:
     audio: dict[str, np.ndarray] = field(default_factory=dict)
     emitted_at: float = 0.0
     seq: int = 0
+    # Commands this frame is the first answer to (see runtime/input_latency.py).
+    answers: tuple[FrameAnswer, ...] = ()
 
 
 class OutputPort(Protocol):
@@ -149,6 +152,10 @@ class OutputBuffer:
         self.dropped = 0
         self.emitted = 0
         self.taken = 0
+        # Answers of frames removed unseen (flushed, dropped as stale, dropped when
+        # full): the next frame taken answers those commands instead, so no command
+        # goes unanswered because the frame that first showed it never did.
+        self._carried: list[FrameAnswer] = []
 
     # ---- what models call -------------------------------------------------------
 
@@ -159,6 +166,7 @@ class OutputBuffer:
     def flush(self) -> None:
         """Drop every queued frame; the client sees black until the next emit."""
         with self._cond:
+            self._carry_locked(self._items)
             self._items.clear()
             self._flushes += 1
             self._underruns_since_put = 0
@@ -174,6 +182,7 @@ class OutputBuffer:
         frames made while nobody watched) and the production rate starts over."""
         with self._cond:
             self.dropped += len(self._items)
+            self._carry_locked(self._items)
             self._items.clear()
             self._discards += 1
             self._underruns_since_put = 0
@@ -191,6 +200,7 @@ class OutputBuffer:
         rate goes on."""
         with self._cond:
             self.stale_dropped += len(self._items)
+            self._carry_locked(self._items)
             self._items.clear()
             self._discards += 1
             self._underruns_since_put = 0
@@ -249,6 +259,8 @@ class OutputBuffer:
     def restart(self) -> None:
         """Start a new session: empty queue, fresh rate measurement."""
         self.flush()
+        with self._cond:
+            self._carried.clear()  # the last session's commands, answered to nobody
         self.rate.restart()
 
     def set_monitoring(self, enabled: bool) -> None:
@@ -321,6 +333,7 @@ class OutputBuffer:
                 # flushed after this emit was sent and before it got here.
                 if should_stop():
                     stopped = True
+                    self._carry_locked(pending)
                     break
                 pending = self._place_locked(pending, drop, flushes)
                 if not pending:
@@ -338,13 +351,20 @@ class OutputBuffer:
         A flush while the emit waited discards the rest of it: the client was meant to
         see black, not the tail of a block from before the flush."""
         if flushes != (self._flushes, self._discards):
+            self._carry_locked(pending)
             return []
         placed = self._put_locked(pending)
         rest = pending[placed:]
         if rest and drop:
             self.dropped += len(rest)
+            self._carry_locked(rest)
             return []
         return rest
+
+    def _carry_locked(self, removed: Iterable[FrameItem]) -> None:
+        for item in removed:
+            if item.answers:
+                self._carried.extend(item.answers)
 
     def _put_locked(self, items: list[FrameItem]) -> int:
         room = self.capacity - len(self._items)
@@ -466,6 +486,9 @@ class OutputBuffer:
                     self._underruns_since_put += 1
                 return None
             item = self._items.popleft()
+            if self._carried:
+                item.answers = (*self._carried, *item.answers)
+                self._carried.clear()
             self.taken += 1
             self._cond.notify_all()
             self._async_waiters.wake_all()

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from reactor_serve.interface.models import BufferClosed, _IdleType
+from reactor_serve.runtime.input_latency import CommandTicket
 from reactor_serve.runtime.kind_driver import DriverHost, call_model
 from reactor_serve.runtime.model_spec import CommandSpec
 
@@ -38,7 +39,9 @@ class PipelineDriver:
     def __init__(self, host: DriverHost) -> None:
         self._host = host
         self._task: asyncio.Task[None] | None = None
-        self._pending: collections.deque[tuple[CommandSpec, dict[str, Any]]] = collections.deque()
+        self._pending: collections.deque[
+            tuple[CommandSpec, dict[str, Any], CommandTicket | None]
+        ] = collections.deque()
         # Made on the model loop (in `load`): set by commands and input to end an
         # idle wait early.
         self._wakeup: asyncio.Event | None = None
@@ -76,8 +79,11 @@ class PipelineDriver:
 
     # ---- commands and input ------------------------------------------------------
 
-    def deliver(self, session: Session, command: CommandSpec, args: dict[str, Any]) -> None:
-        self._pending.append((command, args))
+    def deliver(
+        self, session: Session, command: CommandSpec, args: dict[str, Any],
+        ticket: CommandTicket | None = None,
+    ) -> None:
+        self._pending.append((command, args, ticket))
         assert self._wakeup is not None
         self._wakeup.set()
 
@@ -93,9 +99,9 @@ class PipelineDriver:
     async def _apply_pending(self) -> None:
         # Commands queued while the generator ran take effect here, between yields.
         while self._pending:
-            command, args = self._pending.popleft()
+            command, args, ticket = self._pending.popleft()
             try:
-                await self._host.apply(command, args)
+                await self._host.apply(command, args, ticket)
             finally:
                 self._host.command_done()
 

@@ -9,13 +9,23 @@ commands. Everything here is safe to call from the transport's thread.
 
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
+import math
 import secrets
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from reactor_serve.interface.messages import ModelMessage, message_payload
 from reactor_serve.runtime.emission_clock import EmissionClock
+from reactor_serve.runtime.input_latency import (
+    MAX_LATENCY_MS,
+    CommandTicket,
+    FrameAnswer,
+    LatencyWindow,
+)
 from reactor_serve.runtime.output_buffer import OutputBuffer
 
 if TYPE_CHECKING:
@@ -23,6 +33,13 @@ if TYPE_CHECKING:
     from reactor_serve.runtime.model_spec import ModelSpec
 
 __all__ = ["EndReason", "Session", "SessionHost", "SessionSink"]
+
+# Ids for commands sent without one: unique in the process, so an answer carried
+# over from an earlier session can never be taken for one of this session's.
+_server_ids = itertools.count(1)
+# Answered commands waiting for the client's report, at most (older ones are dropped:
+# a client that never reports must not grow the session).
+_ANSWERED_KEPT = 256
 
 
 class EndReason:
@@ -90,7 +107,9 @@ class SessionHost(Protocol):
     def push_input(self, session: Session, track: str, frame: Any) -> None:
         """A client frame for input track `track` (raises KeyError for an unknown one)."""
 
-    def submit_command(self, session: Session, name: str, data: Any) -> None:
+    def submit_command(
+        self, session: Session, name: str, data: Any, ticket: CommandTicket | None = None
+    ) -> None:
         """A client command; a rejected one comes back as `commandError`."""
 
     async def end_session(self, session: Session, reason: str, detail: str | None = None) -> None:
@@ -112,6 +131,11 @@ class Session:
         self.end_reason: str | None = None
         self.end_detail: str | None = None
         self.commands_rejected = 0
+        # Input-to-frame latency (runtime/input_latency.py): commands answered by a
+        # frame sent to the client and not yet reported, by id; the reports.
+        self._answered: collections.OrderedDict[Any, float] = collections.OrderedDict()
+        self._answered_lock = threading.Lock()
+        self.input_latency = LatencyWindow()
 
     @property
     def stopping(self) -> bool:
@@ -139,9 +163,55 @@ class Session:
         if not self.stopping and not self.ended.is_set():
             self.host.push_input(self, track, frame)
 
-    def command(self, name: str, data: Any = None) -> None:
-        """Deliver a client command; a rejected one comes back as `commandError`."""
-        self.host.submit_command(self, name, {} if data is None else data)
+    def command(self, name: str, data: Any = None, command_id: str | int | None = None) -> CommandTicket:
+        """Deliver a client command; a rejected one comes back as `commandError`.
+        `command_id`: the client's id for it (checked by the protocol), else one is
+        made; the frame that answers it is reported under that id (`inputFrame`)."""
+        ticket = CommandTicket(
+            id=f"s{next(_server_ids)}" if command_id is None else command_id,
+            command=name,
+            session_id=self.id,
+            arrived_at=time.monotonic(),
+        )
+        self.host.submit_command(self, name, {} if data is None else data, ticket)
+        return ticket
+
+    def frame_answered(
+        self, answer: FrameAnswer, track: str, frame_offset: int,
+        emitted_at: float, presented_at: float, encoding_at: float,
+    ) -> None:
+        """The frame answering `answer`'s command went to the encoder of output video
+        `track`, `frame_offset` 90 kHz ticks after that track's first frame: tell the
+        client which frame to wait for, and where the server's time went."""
+        ticket = answer.ticket
+        if ticket.session_id != self.id:
+            return  # carried over from a session before this one
+        with self._answered_lock:
+            self._answered[ticket.id] = encoding_at
+            while len(self._answered) > _ANSWERED_KEPT:
+                self._answered.popitem(last=False)
+        self.send_runtime("inputFrame", {
+            "id": ticket.id,
+            "command": ticket.command,
+            "track": track,
+            "frame_offset": frame_offset,
+            "server_ms": answer.server_ms(emitted_at, presented_at, encoding_at),
+        })
+
+    def report_latency(self, command_id: Any, latency_ms: Any) -> str | None:
+        """The client's report of when a command's answering frame reached it. Returns
+        why it was not taken (unknown or already reported id, not a latency), or None."""
+        if isinstance(latency_ms, bool) or not isinstance(latency_ms, (int, float)):
+            return "latency_ms must be a number"
+        if not (math.isfinite(latency_ms) and 0 <= latency_ms <= MAX_LATENCY_MS):
+            return f"latency_ms must be between 0 and {MAX_LATENCY_MS:.0f}"
+        if isinstance(command_id, bool) or not isinstance(command_id, (str, int)):
+            return "id must be a string or an integer"
+        with self._answered_lock:
+            if self._answered.pop(command_id, None) is None:
+                return "no answered command has this id (or it was reported already)"
+        self.input_latency.record(float(latency_ms))
+        return None
 
     def deliver(self, envelope: dict[str, Any]) -> None:
         if self.ended.is_set():
@@ -181,4 +251,5 @@ class Session:
             "presented": self.clock.presented,
             "new_frames": self.clock.new_frames,
             "commands_rejected": self.commands_rejected,
+            "input_to_frame_ms": self.input_latency.summary(),
         }

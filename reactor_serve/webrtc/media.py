@@ -17,7 +17,7 @@ import collections
 import fractions
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
@@ -30,9 +30,10 @@ from reactor_serve.runtime.emission_clock import (
     EmissionClock,
     PresentedFrame,
 )
+from reactor_serve.runtime.input_latency import FrameAnswer
 from reactor_serve.runtime.session import Session
 
-__all__ = ["OutputFanout", "PacedAudioTrack", "PacedVideoTrack", "receive_input"]
+__all__ = ["AnswerSink", "OutputFanout", "PacedAudioTrack", "PacedVideoTrack", "receive_input"]
 
 log = logging.getLogger("reactor_serve.webrtc")
 
@@ -41,23 +42,51 @@ AUDIO_TIME_BASE = fractions.Fraction(1, AUDIO_CLOCK_RATE)
 AUDIO_FRAME_SAMPLES = AUDIO_CLOCK_RATE // 50  # 20 ms, Opus's usual frame
 
 
+class AnswerSink(Protocol):
+    """Told when a frame that answers commands goes to the encoder (Session.frame_answered)."""
+
+    def __call__(
+        self, answer: FrameAnswer, track: str, frame_offset: int,
+        emitted_at: float, presented_at: float, encoding_at: float,
+    ) -> None: ...
+
+
 class PacedVideoTrack(MediaStreamTrack):
-    """Sends one output video track: the latest presented frame, stamped with its slot."""
+    """Sends one output video track: the latest presented frame, stamped with its slot.
+
+    A frame that answers commands (runtime/input_latency.py) is reported to
+    `on_answer` when the encoder takes it, with its pts counted from the first frame
+    this track sent: aiortc adds a random origin to RTP timestamps, so that offset is
+    what a client can match against its own frames."""
 
     kind = "video"
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_answer: AnswerSink | None = None) -> None:
         super().__init__()
         self.name = name
+        self.on_answer = on_answer
         self._latest: tuple[np.ndarray, int] | None = None
+        # (answers, emitted_at, presented_at) of the frame waiting for the encoder.
+        self._answers: tuple[tuple[FrameAnswer, ...], float, float] | None = None
+        self._first_pts: int | None = None
         self._fresh = asyncio.Event()
         # Frames presented while the encoder was still busy with an earlier one.
         self.superseded = 0
 
-    def offer(self, image: np.ndarray, pts: int) -> None:
+    def offer(
+        self, image: np.ndarray, pts: int, presented: PresentedFrame | None = None
+    ) -> None:
         if self._fresh.is_set():
             self.superseded += 1
         self._latest = (image, pts)
+        if presented is not None and presented.answers:
+            # A superseded frame's answers pass to this one, which is shown instead.
+            earlier = self._answers[0] if self._answers is not None else ()
+            self._answers = (
+                (*earlier, *presented.answers),
+                presented.emitted_at if presented.emitted_at is not None else presented.slot,
+                presented.slot,
+            )
         self._fresh.set()
 
     async def recv(self) -> VideoFrame:
@@ -71,6 +100,18 @@ class PacedVideoTrack(MediaStreamTrack):
         frame = VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
         frame.pts = pts
         frame.time_base = VIDEO_TIME_BASE
+        if self._first_pts is None:
+            self._first_pts = pts
+        answers, self._answers = self._answers, None
+        if answers is not None and self.on_answer is not None:
+            encoding_at = time.monotonic()
+            for answer in answers[0]:
+                try:
+                    self.on_answer(
+                        answer, self.name, pts - self._first_pts, answers[1], answers[2], encoding_at
+                    )
+                except Exception:
+                    log.exception("reporting the frame that answered a command failed")
         return frame
 
     def stop(self) -> None:
@@ -161,9 +202,14 @@ class OutputFanout:
         clock: EmissionClock,
         outputs: tuple[TrackDecl, ...],
         on_error: Callable[[BaseException], None] | None = None,
+        on_answer: AnswerSink | None = None,
     ) -> None:
         self.clock = clock
         self.outputs = {t.name: t for t in outputs}
+        # Which frame answered which command is reported on the first video output,
+        # by the newest track of it (the client's current connection).
+        self.on_answer = on_answer
+        self._answering = next((t.name for t in outputs if t.kind == "video"), None)
         # Told when presenting fails: the session must end with an error rather than
         # leave the client looking at a frozen picture.
         self.on_error = on_error
@@ -179,7 +225,7 @@ class OutputFanout:
         """A new sender track for output `name`, fed from the next slot on."""
         decl = self.outputs[name]
         if decl.kind == "video":
-            video = PacedVideoTrack(name)
+            video = PacedVideoTrack(name, self.on_answer if name == self._answering else None)
             self._video[name].append(video)
             return video
         audio = PacedAudioTrack(name, decl.channels)
@@ -257,7 +303,9 @@ class OutputFanout:
                 image = presented.video.get(name)
                 if image is not None:
                     for video in tracks:
-                        video.offer(image, presented.pts)
+                        video.offer(
+                            image, presented.pts, presented if video is tracks[-1] else None
+                        )
             for name, tracks in self._audio.items():
                 chunk = presented.audio.get(name)
                 if chunk is not None and chunk.shape[1]:
