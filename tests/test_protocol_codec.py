@@ -559,7 +559,7 @@ def make_handler(bucket=None):
     commands: list[tuple[str, dict]] = []
     handler = InboundHandler(
         session_id="s",
-        command=lambda name, args: commands.append((name, args)),
+        command=lambda name, args, command_id: commands.append((name, args)),
         send=lambda text: sent.append(json.loads(text)),
         send_control=lambda text: sent.append(json.loads(text)),
         spec=FakeSpec,
@@ -581,7 +581,7 @@ def test_handler_routes_commands_and_answers_bad_ones_with_described_errors():
 
 
 def test_handler_never_raises_even_if_the_session_does():
-    def boom(name, args):
+    def boom(name, args, command_id):
         raise RuntimeError("model side broke")
 
     handler = InboundHandler(session_id="s", command=boom, send=lambda t: None,
@@ -656,3 +656,49 @@ def test_nan_is_not_a_float_in_decoded_data():
     # Belt and braces for the property above: no non-finite float survives decode.
     got = decode(command('{"x":[1e308, -1e308, 0.1]}'))
     assert all(math.isfinite(v) for v in got.data["x"])
+
+
+# ---- command ids and inputLatency reports (issue 13) -----------------------------
+
+
+def test_a_command_id_reaches_the_session_and_bad_ids_are_refused_naming_the_field():
+    seen: list[tuple[str, dict, object]] = []
+    sent: list[dict] = []
+    handler = InboundHandler(
+        session_id="s",
+        command=lambda name, args, command_id: seen.append((name, args, command_id)),
+        send=lambda text: sent.append(json.loads(text)),
+        send_control=lambda text: None,
+        spec=FakeSpec,
+    )
+    envelope = '{"scope":"application","data":{"type":"set_x","data":{"x":1}},"id":%s}'
+    for good in ('"c1"', "7", "null"):
+        handler.on_message("data", envelope % good)
+    assert [c[2] for c in seen] == ["c1", 7, None]
+    for bad in ('""', '"' + "x" * 65 + '"', "1.5", "true", "[1]", "{}", "NaN",
+                str(2**53), r'"\ud800"'):
+        handler.on_message("data", envelope % bad)
+    assert len(seen) == 3  # none of the bad ones reached the model
+    errors = [m["data"]["data"] for m in sent]
+    assert len(errors) == 9 and all(m["data"]["type"] == "commandError" for m in sent)
+    assert all(e["errors"][0]["field"] == "id" for e in errors), errors
+    # A valid id is named in the error about the command's arguments.
+    handler.on_message("data", '{"scope":"application","data":{"type":"set_x","data":{"x":NaN}},"id":"c9"}')
+    assert sent[-1]["data"]["data"]["id"] == "c9"
+
+
+def test_input_latency_reports_reach_the_session_and_hostile_ones_never_raise():
+    reports: list[tuple[object, object]] = []
+    handler = InboundHandler(
+        session_id="s",
+        command=lambda name, args, command_id: None,
+        send=lambda text: None,
+        send_control=lambda text: None,
+        spec=FakeSpec,
+        report_latency=lambda command_id, ms: reports.append((command_id, ms)) or None,
+    )
+    handler.on_message("data", '{"scope":"runtime","data":{"type":"inputLatency","data":{"id":"c1","latency_ms":80.5}}}')
+    for data in ("[]", '"x"', '{"id":{"a":[[[[1]]]]},"latency_ms":NaN}', '{"latency_ms":1e999}', "null"):
+        handler.on_message("data", '{"scope":"runtime","data":{"type":"inputLatency","data":%s}}' % data)
+    assert reports[0] == ("c1", 80.5)
+    assert handler.counters.faults == 0

@@ -156,25 +156,29 @@ class InboundCounters:
 class InboundHandler:
     """Decodes, routes and rate-limits one session's inbound data-channel frames.
 
-    `command(name, args)` hands a valid command to the model session; `send(text)`
-    sends a `"data"` frame; `send_control(text)` a `"control"` frame; `spec()` gives the
-    model's spec (for schema and track names). `on_ignored()` is called for every frame
-    dropped as unreadable. `on_message` never raises.
+    `command(name, args, id)` hands a valid command to the model session (`id`: the
+    client's id for it, or None); `send(text)` sends a `"data"` frame; `send_control(text)`
+    a `"control"` frame; `spec()` gives the model's spec (for schema and track names).
+    `report_latency(id, latency_ms)` takes a client's `inputLatency` report and returns
+    why it was refused, or None (no callable: reports are ignored). `on_ignored()` is
+    called for every frame dropped as unreadable. `on_message` never raises.
     """
 
     def __init__(
         self,
         *,
         session_id: str,
-        command: Callable[[str, dict[str, Any]], None],
+        command: Callable[[str, dict[str, Any], str | int | None], None],
         send: Callable[[str], None],
         send_control: Callable[[str], None],
         spec: Callable[[], Any],
         on_ignored: Callable[[], None] | None = None,
         bucket: TokenBucket | None = None,
+        report_latency: Callable[[Any, Any], str | None] | None = None,
     ) -> None:
         self.session_id = session_id
         self._command = command
+        self._report_latency = report_latency
         self._send = send
         self._send_control = send_control
         self._spec = spec
@@ -209,7 +213,10 @@ class InboundHandler:
             if not self._admit(exc.command):
                 return
             self.counters.rejected += 1
-            self._send(protocol.runtime("commandError", command_error(exc.command, str(exc), exc.errors)))
+            error = command_error(exc.command, str(exc), exc.errors)
+            if exc.command_id is not None:
+                error["id"] = exc.command_id
+            self._send(protocol.runtime("commandError", error))
             return
         except protocol.ProtocolError as exc:
             self._ignore("data-channel", exc)
@@ -217,7 +224,7 @@ class InboundHandler:
         if message.scope == "application":
             if self._admit(message.type):
                 self.counters.commands += 1
-                self._command(message.type, message.data)
+                self._command(message.type, message.data, message.id)
         elif message.type == "ping":
             pass  # liveness only, and the caller has noted it
         elif message.type == "requestSchema":
@@ -227,6 +234,15 @@ class InboundHandler:
         elif message.type == "requestCapabilities":
             if self._admit(None):
                 self._send(protocol.runtime("modelCapabilities", schema.capabilities(self._spec())))
+        elif message.type == "inputLatency":
+            # One per answered command, each id taken once: no more than the commands
+            # admitted, and as cheap to refuse as a ping, so it spends no command
+            # token (that would halve a reporting client's command rate). Refused
+            # silently: it is the client's measurement, nothing waits for an answer.
+            if self._report_latency is not None:
+                why = self._report_latency(message.data.get("id"), message.data.get("latency_ms"))
+                if why is not None:
+                    log.debug("session %s: inputLatency ignored: %s", self.session_id, why)
         else:
             log.debug("session %s: unhandled runtime message %s", self.session_id,
                       protocol.brief(message.type))
@@ -328,10 +344,16 @@ def _make_handler(peer: PeerSession) -> InboundHandler:
     # The handler reads the peer through these small closures only, so that the peer's
     # session (opened after the first offer) and channels (replaced on reconnect) are
     # looked up per frame.
-    def command(name: str, args: dict[str, Any]) -> None:
+    def command(name: str, args: dict[str, Any], command_id: str | int | None) -> None:
         session = peer.session
         if session is not None:
-            session.command(name, args)
+            session.command(name, args, command_id)
+
+    def report_latency(command_id: Any, latency_ms: Any) -> str | None:
+        session = peer.session
+        if session is None:
+            return "no session"
+        return session.report_latency(command_id, latency_ms)
 
     def send_control(text: str) -> None:
         channel = peer._channels.get("control")
@@ -348,6 +370,7 @@ def _make_handler(peer: PeerSession) -> InboundHandler:
         send_control=send_control,
         spec=lambda: peer.host.spec,
         on_ignored=ignored,
+        report_latency=report_latency,
     )
 
 

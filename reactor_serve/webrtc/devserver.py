@@ -424,6 +424,17 @@ class LocalBackend:
             return {}
         return slot.peer.stats()
 
+    def input_latencies(self, session_id: str, since: int) -> tuple[list[float], int]:
+        """Input-to-frame latencies (ms) the session's client reported after its first
+        `since`, and how many it has reported in all: for a metric that observes each."""
+        try:
+            session = self._slot(session_id).peer.session
+        except UnknownSession:
+            session = None
+        if session is None:
+            return [], since
+        return session.input_latency.since(since), session.input_latency.count
+
     async def wait_ended(self, session_id: str, timeout: float) -> bool:
         """Wait up to `timeout` s for the session to end; whether it has."""
         slot = self._slot(session_id)

@@ -419,7 +419,8 @@ class PeerSession:
         session = await self.host.open_session(_Sink(self), session_id=self.id)
         self.session = session
         self._fanout = OutputFanout(
-            session.clock, self.host.spec.outputs, on_error=self._on_fanout_error
+            session.clock, self.host.spec.outputs, on_error=self._on_fanout_error,
+            on_answer=session.frame_answered,
         )
         if session.ended.is_set():
             raise OfferRejected(

@@ -33,6 +33,7 @@ from reactor_serve.runtime.field_errors import (
     describe_value,
     has_lone_surrogate,
 )
+from reactor_serve.runtime.input_latency import MAX_COMMAND_ID_LENGTH
 from reactor_serve.webrtc.bounded_json import (  # stdlib only: the client imports us
     NumberProblem,
     RefusedJSON,
@@ -51,6 +52,7 @@ __all__ = [
     "Scope",
     "application",
     "brief",
+    "command",
     "control_response",
     "decode",
     "decode_control",
@@ -73,6 +75,9 @@ _CONTROL_LEVELS = 2
 # (converting a 60000-digit literal is quadratic, and past 4300 digits raises).
 _MAX_INT_DIGITS = len(str(MAX_INT))
 
+# Integer command ids stay within what a JavaScript number holds exactly.
+_MAX_SAFE_ID = 2**53 - 1
+
 Scope = Literal["application", "runtime"]
 _SCOPES: frozenset[str] = frozenset(get_args(Scope))
 _CONTROL_TYPES = ("request", "notification")
@@ -87,10 +92,15 @@ class BadCommand(ProtocolError):
     accepted as sent; `errors` are `commandError` entries `{"field", "rule", "value"}`
     with every value already safe to send as strict JSON."""
 
-    def __init__(self, command: str, message: str, errors: list[dict[str, Any]]) -> None:
+    def __init__(
+        self, command: str, message: str, errors: list[dict[str, Any]],
+        command_id: str | int | None = None,
+    ) -> None:
         super().__init__(message)
         self.command = command
         self.errors = errors
+        # The envelope's "id", when it was a valid one: the error names it.
+        self.command_id = command_id
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,9 @@ class Inbound:
     scope: Scope
     type: str
     data: dict[str, Any]
+    # A command's id (ours): the client's name for it, echoed in `inputFrame` and
+    # `commandError`; None when it sent none.
+    id: str | int | None = None
 
 
 def decode(raw: str | bytes) -> Inbound:
@@ -127,13 +140,43 @@ def decode(raw: str | bytes) -> Inbound:
     if has_lone_surrogate(type_):
         raise ProtocolError('message "type" is not valid Unicode (it holds a lone surrogate)')
     where = f"{scope} {_short(type_)}"
+    command_id = None
     if scope == "application":
-        _check_command(envelope, inner, type_, where)
+        command_id = _command_id(envelope.get("id"), type_, where)
+        try:
+            _check_command(envelope, inner, type_, where)
+        except BadCommand as exc:
+            exc.command_id = command_id
+            raise
     else:
         problem = _first_problem(envelope, MAX_DEPTH + _ENVELOPE_LEVELS)
         if problem is not None:
             raise ProtocolError(f"{where}: {problem[1]} breaks {problem[0]}")
-    return Inbound(scope=scope, type=type_, data=_payload(inner, where))
+    return Inbound(scope=scope, type=type_, data=_payload(inner, where), id=command_id)
+
+
+def _command_id(value: Any, name: str, where: str) -> str | int | None:
+    """A command envelope's optional "id": a short string or a safe integer."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not 1 <= len(value) <= MAX_COMMAND_ID_LENGTH:
+            rule = f"length 1..{MAX_COMMAND_ID_LENGTH}"
+        elif has_lone_surrogate(value):
+            rule = RULE_UNICODE
+        else:
+            return value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) <= _MAX_SAFE_ID:
+            return value
+        rule = f"integer within ±{_MAX_SAFE_ID}"
+    else:
+        rule = "type=string|integer"
+    raise BadCommand(
+        name,
+        f'{where}: "id" breaks {rule}',
+        [{"field": "id", "rule": rule, "value": describe_value(value)}],
+    )
 
 
 def encode(scope: Scope, type_: str, data: Any) -> str:
@@ -145,6 +188,15 @@ def encode(scope: Scope, type_: str, data: Any) -> str:
     if not isinstance(type_, str) or not type_:
         raise ProtocolError(f"message type must be a non-empty string, got {type_!r}")
     return _dumps({"scope": scope, "data": {"type": type_, "data": data}})
+
+
+def command(name: str, data: dict[str, Any], command_id: str | int | None = None) -> str:
+    """A client's command frame, with its id (ours) when it has one."""
+    if command_id is None:
+        return encode("application", name, data)
+    if not isinstance(name, str) or not name:
+        raise ProtocolError(f"command name must be a non-empty string, got {name!r}")
+    return _dumps({"scope": "application", "data": {"type": name, "data": data}, "id": command_id})
 
 
 def application(payload: dict[str, Any]) -> str:

@@ -294,11 +294,13 @@ class ViewerRoom:
             if channel is not None and channel.readyState == "open":
                 channel.send(text)
 
-        def refuse(name: str, args: dict[str, Any]) -> None:
-            send(protocol.runtime("commandError", command_error(
-                name, VIEWER_COMMAND_REFUSED,
-                [{"field": None, "rule": "viewer", "value": None}],
-            )))
+        def refuse(name: str, args: dict[str, Any], command_id: str | int | None) -> None:
+            error = command_error(
+                name, VIEWER_COMMAND_REFUSED, [{"field": None, "rule": "viewer", "value": None}]
+            )
+            if command_id is not None:
+                error["id"] = command_id
+            send(protocol.runtime("commandError", error))
 
         viewer.handler = data_channel.InboundHandler(
             session_id=f"{self._label} viewer",
