@@ -4,6 +4,7 @@
     client = await connect("http://127.0.0.1:8080")
 """
 
+from reactor_serve.client.input_latency import LatencyRecord
 from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo
 from reactor_serve.client.session import (
     ClientState,
@@ -17,6 +18,7 @@ from reactor_serve.client.viewer import ReactorViewer, ViewerCannotCommand, watc
 __all__ = [
     "ClientPeer",
     "ClientState",
+    "LatencyRecord",
     "ReactorClient",
     "ReactorViewer",
     "ReceivedAudio",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import fractions
+import itertools
 import json
 import logging
 import time
@@ -34,6 +35,7 @@ from aiortc import (
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import VideoFrame
 
+from reactor_serve.client.input_latency import InputLatencyTracker
 from reactor_serve.client.jitter import release_frames_on_marker
 from reactor_serve.webrtc import protocol
 from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
@@ -183,6 +185,17 @@ class ClientPeer:
         self._ping_task: asyncio.Task[None] | None = None
         self._closing: asyncio.Future[None] | None = None
         self.on_video: Callable[[ReceivedVideo], None] | None = None
+        # Input-to-frame latency of the commands sent (client/input_latency.py); each
+        # one answered is reported back to the server.
+        self.latency = InputLatencyTracker(
+            report=lambda command_id, ms: self.send_runtime(
+                "inputLatency", {"id": command_id, "latency_ms": ms}
+            )
+        )
+        self._command_ids = itertools.count(1)
+        # The current connection's receiving tracks: only their frames are matched
+        # (a replaced connection's senders had other RTP timestamp origins).
+        self._current_tracks: set[MediaStreamTrack] = set()
         # Called (with a short why) when the current connection fails or closes without
         # `close()`: the transport is lost but the session may live on. Unset, the
         # peer ends instead, as a one-connection client should.
@@ -304,6 +317,8 @@ class ClientPeer:
         previous = self._pc
         self._pc, self._channel = pc, channel
         self.last_inbound = float("-inf")
+        self.latency.new_connection()
+        self._current_tracks = {transceiver.receiver.track for transceiver, _ in receivers}
         loop = asyncio.get_running_loop()
         for transceiver, track in receivers:
             if track["kind"] == "video":
@@ -339,6 +354,8 @@ class ClientPeer:
                 index = self._next_index.get(name, 0)
                 self._next_index[name] = index + 1
                 received = ReceivedVideo(name, image, int(frame.pts or 0), arrived, index)
+                if track in self._current_tracks:
+                    self.latency.frame(name, received.pts, arrived)
                 self.frames_received += 1
                 self.video.setdefault(name, collections.deque(maxlen=self.keep_frames)).append(received)
                 if self.on_video is not None:
@@ -364,6 +381,8 @@ class ClientPeer:
         if message.get("scope") == "runtime" and data.get("type") == "stats":
             self.stats = data.get("data") or {}
             self.stats_seen = True
+        elif message.get("scope") == "runtime" and data.get("type") == "inputFrame":
+            self.latency.answer(data.get("data"))
         self.messages.append(message)
         self._changed.set()
 
@@ -385,8 +404,12 @@ class ClientPeer:
             raise ConnectionError("the data channel is not open")
         self._channel.send(text)
 
-    def send_command(self, name: str, data: dict[str, Any] | None = None) -> None:
-        self.send_raw(protocol.encode("application", name, data or {}))
+    def send_command(self, name: str, data: dict[str, Any] | None = None) -> str:
+        """Send a command with a fresh id (`c<N>`); returns the id."""
+        command_id = f"c{next(self._command_ids)}"
+        self.send_raw(protocol.command(name, data or {}, command_id))
+        self.latency.sent(command_id, name)
+        return command_id
 
     def send_runtime(self, type_: str, data: dict[str, Any]) -> None:
         if self._channel is not None and self._channel.readyState == "open":

@@ -31,6 +31,7 @@ from typing import Any, AsyncIterator, Callable
 import httpx
 import numpy as np
 
+from reactor_serve.client.input_latency import LatencyRecord
 from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo, Signal
 from reactor_serve.webrtc.host_candidates import HostCandidatePolicy, is_loopback_host
 
@@ -434,10 +435,21 @@ class ReactorClient:
 
     # ---- sending ----------------------------------------------------------------
 
-    def send_command(self, name: str, data: dict[str, Any] | None = None) -> None:
-        """Send a model command (`set_<field>` or an `@event` name). Raises
+    def send_command(self, name: str, data: dict[str, Any] | None = None) -> str:
+        """Send a model command (`set_<field>` or an `@event` name); returns its id,
+        under which `input_latency()` reports the frame that answered it. Raises
         ConnectionError while there is no open connection (reconnecting, ended)."""
-        self.peer.send_command(name, data)
+        return self.peer.send_command(name, data)
+
+    def input_latency(self) -> list[LatencyRecord]:
+        """The commands answered so far (the latest 512), oldest first: each with its
+        input-to-frame latency (send -> the first frame made after the model applied
+        it, decoded here), that frame, and where the server's part of it went."""
+        return self.peer.latency.records()
+
+    def latency_summary(self) -> dict[str, Any]:
+        """Input-to-frame latency of the answered commands: last, p50, p95 (ms), count."""
+        return self.peer.latency.summary()
 
     def send_frame(self, track: str, image: np.ndarray) -> None:
         """Show `image` ((H, W, 3) uint8 RGB) on input track `track` until the next one."""
