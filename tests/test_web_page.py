@@ -82,6 +82,12 @@ def test_page_plays_the_model_and_its_slider_changes_the_picture(page, reactor_r
                    "the picture to darken")
     set_range(page, slider, 1.6)
     wait_for(lambda: brightness(page, VIDEO) > dim * 4, 10, "the picture to brighten again")
+    # Each change was answered by a frame the page matched by its RTP timestamp: the
+    # overlay shows input-to-frame latency (last / p50 / p95).
+    wait_for(lambda: stat(page, "input-p95") is not None, 10, "input-to-frame latency in the overlay")
+    assert 0 < stat(page, "input-last") < 5000
+    summary = page.evaluate("window.reactorSession.latency.summary()")
+    assert summary["count"] >= 2 and summary["p95"] >= summary["p50"] > 0
 
 
 def test_stats_overlay_shows_the_models_frame_rate(page, reactor_run):

@@ -132,7 +132,11 @@ function buildTiles(outputs) {
       video.dataset.track = track.name;
       container.append(el("figure", { className: "tile" }, video, el("figcaption", {}, track.name)));
       tiles.set(track.name, video);
-      if (!frameMeter) frameMeter = new FrameMeter(video);
+      // The first video output is where the server marks which frame answered each
+      // command; the meter hands its frames to the session's latency tracker.
+      if (!frameMeter) {
+        frameMeter = new FrameMeter(video, (rtp, shown) => session.latency.frame(track.name, rtp, shown));
+      }
     } else {
       const audio = el("audio", { autoplay: true, muted: true });
       audio.dataset.track = track.name;
@@ -250,11 +254,15 @@ function errorText(detail) {
 setInterval(async () => {
   const view = frameMeter ? frameMeter.read() : { fps: null, jitter_ms: null };
   const link = session.state === "connected" ? await connectionMeter.read(session.pc) : {};
+  const input = session.latency.summary();
   renderStats($("stats-overlay"), {
     ...view,
     ...link,
     queue_depth: serverStats.queue_depth,
     server_fps: serverStats.fps,
+    input_last_ms: input.last,
+    input_p50_ms: input.p50,
+    input_p95_ms: input.p95,
   });
 }, STATS_INTERVAL_MS);
 

@@ -18,6 +18,8 @@
 //   message      {type, data}            a model message (application scope)
 //   commanderror {command, message, errors}
 //   stats        the server's periodic stats
+import { InputLatency } from "./latency.js";
+
 const PING_INTERVAL_MS = 5000;
 const POLL_INTERVAL_MS = 250;
 const POLL_FIRST_MS = 20;
@@ -69,6 +71,16 @@ export class ReactorSession extends EventTarget {
     this._lastInbound = 0;
     this._statsSeen = false;
     this._recovery = null; // the automatic reconnect in progress (a token), if any
+    this._commandSeq = 0;
+    // Which frame answered each command, and when it was shown (latency.js); every
+    // one answered is reported to the server for its metrics.
+    this.latency = new InputLatency((id, ms) => {
+      try {
+        this._send("runtime", "inputLatency", { id, latency_ms: ms });
+      } catch (err) {
+        // Not connected any more: the report is lost, the page's own figure is not.
+      }
+    });
   }
 
   get tracks() {
@@ -124,7 +136,10 @@ export class ReactorSession extends EventTarget {
 
   /** Send a command: `type` is the command name, `data` its arguments. */
   send(type, data = {}) {
-    this._send("application", type, data);
+    const id = `p${++this._commandSeq}`;
+    this._send("application", type, data, id);
+    this.latency.sent(id, type);
+    return id;
   }
 
   /** Send `track` to the model's input track `name` (null stops sending). */
@@ -223,6 +238,7 @@ export class ReactorSession extends EventTarget {
       this.pc = pc;
       this.channel = channel;
       this.senders = senders;
+      this.latency.newConnection();
       for (const old of previous) if (old) old.close();
       // An input picked while this connection was negotiated goes on it now.
       for (const [name, sender] of senders) {
@@ -431,6 +447,9 @@ export class ReactorSession extends EventTarget {
         this._statsSeen = true;
         this._emit("stats", message.data);
         break;
+      case "inputFrame":
+        this.latency.answer(message.data);
+        break;
       case "sessionEnded":
         this._ended(message.data || {});
         break;
@@ -439,11 +458,13 @@ export class ReactorSession extends EventTarget {
     }
   }
 
-  _send(scope, type, data) {
+  _send(scope, type, data, id = undefined) {
     if (!this.channel || this.channel.readyState !== "open") {
       throw new SessionError("not connected");
     }
-    this.channel.send(JSON.stringify({ scope, data: { type, data } }));
+    const envelope = { scope, data: { type, data } };
+    if (id !== undefined) envelope.id = id; // a command's id (ours): see latency.js
+    this.channel.send(JSON.stringify(envelope));
   }
 
   _closePeer() {

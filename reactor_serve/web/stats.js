@@ -5,21 +5,24 @@
 const WINDOW_MS = 2000;
 
 export class FrameMeter {
-  /** Counts the frames `video` presents, with requestVideoFrameCallback. */
-  constructor(video) {
+  /** Counts the frames `video` presents, with requestVideoFrameCallback; `onFrame(
+   * rtpTimestamp, shownAt)` also hears of each (for input latency, latency.js). */
+  constructor(video, onFrame = null) {
     this.video = video;
     this.times = [];
     this.total = 0;
     this._stopped = false;
-    const onFrame = (now, metadata) => {
+    const onPresented = (now, metadata) => {
       if (this._stopped) return;
       this.total++;
-      this.times.push(metadata.expectedDisplayTime || now);
+      const shown = metadata.expectedDisplayTime || now;
+      this.times.push(shown);
+      if (onFrame) onFrame(metadata.rtpTimestamp, shown);
       const cutoff = now - WINDOW_MS;
       while (this.times.length && this.times[0] < cutoff) this.times.shift();
-      video.requestVideoFrameCallback(onFrame);
+      video.requestVideoFrameCallback(onPresented);
     };
-    video.requestVideoFrameCallback(onFrame);
+    video.requestVideoFrameCallback(onPresented);
   }
 
   /** {fps, jitter_ms} over the last WINDOW_MS, or nulls before there are frames. */
@@ -90,6 +93,10 @@ function format(name, value) {
     case "jitter_ms":
     case "rtt_ms":
       return value.toFixed(1);
+    case "input_last_ms":
+    case "input_p50_ms":
+    case "input_p95_ms":
+      return Math.round(value).toString();
     case "kbps":
       return value >= 1000 ? `${(value / 1000).toFixed(2)} M` : `${Math.round(value)} k`;
     default:
