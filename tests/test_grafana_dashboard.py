@@ -407,6 +407,10 @@ async def test_every_panel_shows_data_from_a_real_serve_session(ray_serve, tmp_p
         await first.next_frame()
         second = await connect(model)
         await second.next_frame()
+        # Commands whose answering frames the client reports: input-to-frame latency.
+        for _ in range(5):
+            second.send_command("poke")
+            await asyncio.sleep(0.2)
 
         exprs = [substituted(expr, application=app, model="metrics-probe")
                  for panel in dashboard()["panels"] for expr in

@@ -103,6 +103,14 @@ def dashboard() -> dict[str, Any]:
             unit="s",
         ),
         _panel(
+            "Input to frame (p50, p95)",
+            "From a client sending a command to the first frame made after the model "
+            "applied it being shown, as clients report it (the page and the Python "
+            "client do; clients that do not report are not counted).",
+            _quantiles("ray_reactor_input_to_frame_seconds"),
+            unit="s",
+        ),
+        _panel(
             "Presented fps (mean and slowest live session)",
             "Frames presented per second by replicas with a live session.",
             [

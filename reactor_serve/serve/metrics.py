@@ -26,9 +26,12 @@ METRIC_NAMES = (
     "reactor_dropped_frames",
     "reactor_model_errors",
     "reactor_model_process_restarts",
+    "reactor_input_to_frame_seconds",
 )
 
 _SECONDS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
+# Input-to-frame latency: a frame (42 ms at 24 fps) to the seconds a deep queue adds.
+_LATENCY_SECONDS = [0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2.5, 5]
 
 
 class ReplicaMetrics:
@@ -56,9 +59,15 @@ class ReplicaMetrics:
             "Model processes started again after a crash or a failed load",
             tags,
         )
+        self.input_latency = Histogram(
+            "reactor_input_to_frame_seconds",
+            "A command sent to the first frame made after it shown, as the client reported",
+            _LATENCY_SECONDS,
+            tags,
+        )
         for metric in (self.live, self.started, self.ended, self.ttff, self.fps, self.jitter,
                        self.queue_depth, self.dropped, self.errors, self.restarts,
-                       self.viewers):
+                       self.viewers, self.input_latency):
             metric.set_default_tags({"model": model})
         self._dropped_seen = 0
         self._errors_seen = 0
@@ -86,6 +95,10 @@ class ReplicaMetrics:
 
     def first_frame(self, seconds: float) -> None:
         self.ttff.observe(seconds)
+
+    def input_to_frame(self, latencies_ms: list[float]) -> None:
+        for ms in latencies_ms:
+            self.input_latency.observe(ms / 1000.0)
 
     def observe(self, stats: dict[str, Any]) -> None:
         """Refresh the gauges from a session's stats (about once a second)."""

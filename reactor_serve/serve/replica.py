@@ -211,6 +211,7 @@ class ModelReplica:
         """Hold the slot while the session lives: metrics, and the longest session."""
         deadline = started + self.max_session_s
         first_frame_seen = False
+        latencies_seen = 0
         while True:
             info = await self.sessions.get_session(session_id)
             if info.state == SessionState.ENDED:
@@ -227,6 +228,8 @@ class ModelReplica:
                     first_frame_seen = True
                     self._metrics.first_frame(time.monotonic() - started)
                 self._metrics.observe(stats)
+            latencies, latencies_seen = self.sessions.input_latencies(session_id, latencies_seen)
+            self._metrics.input_to_frame(latencies)
             await self.sessions.wait_ended(session_id, self.FOLLOW_INTERVAL_S)
 
     # ---- control calls from any ingress replica ----------------------------------

@@ -2,6 +2,7 @@
 # emits faster than its buffer drains with drop=True (dropped frames), its first
 # session raises after a few seconds (a model error, a session ended by "error"), and
 # its first model process exits as soon as it is loaded (a model process restart).
+# `poke` changes nothing; the frame after it answers it (input-to-frame latency).
 import asyncio
 import os
 import tempfile
@@ -10,7 +11,7 @@ from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
-from reactor_runtime.interface import Output, ReactorModel, Video
+from reactor_runtime.interface import Output, ReactorModel, Video, event
 
 
 @dataclass
@@ -23,6 +24,10 @@ class MetricsProbe(ReactorModel):
 
     def load(self, config):
         self.sessions = 0
+
+    @event(name="poke", description="Does nothing: a command to measure")
+    def poke(self):
+        pass
 
     async def run(self):
         # Once per replica (the replica names itself to its model process).
