@@ -415,6 +415,25 @@ class ClientPeer:
         if self._channel is not None and self._channel.readyState == "open":
             self._channel.send(protocol.runtime(type_, data))
 
+    async def next_message(
+        self, type: str | None = None, *, scope: str | None = None, timeout: float = 10.0,
+        after: int | None = None,
+    ) -> dict[str, Any]:
+        """The next message (an envelope's `data`: `{"type", "data"}`) of this type and
+        scope received after index `after` (default: from now)."""
+        start = len(self.messages) if after is None else after
+
+        def find() -> dict[str, Any] | None:
+            for envelope in self.messages[start:]:
+                data = envelope.get("data") or {}
+                if (type is None or data.get("type") == type) and (
+                    scope is None or envelope.get("scope") == scope
+                ):
+                    return data
+            return None
+
+        return await self.wait_for(find, timeout, f"message {type or '(any)'}")
+
     async def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         deadline = time.monotonic() + timeout
         while True:

@@ -406,18 +406,7 @@ class ReactorClient:
     ) -> dict[str, Any]:
         """The next message (an envelope's `data`: `{"type", "data"}`) of this type and
         scope received after index `after` (default: from now)."""
-        start = len(self.peer.messages) if after is None else after
-
-        def find() -> dict[str, Any] | None:
-            for envelope in self.peer.messages[start:]:
-                data = envelope.get("data") or {}
-                if (type is None or data.get("type") == type) and (
-                    scope is None or envelope.get("scope") == scope
-                ):
-                    return data
-            return None
-
-        return await self.peer.wait_for(find, timeout, f"message {type or '(any)'}")
+        return await self.peer.next_message(type, scope=scope, timeout=timeout, after=after)
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
         """Every message envelope received from now on, as it arrives, up to and

@@ -89,20 +89,9 @@ class ReactorViewer:
         self, type: str | None = None, *, scope: str | None = None, timeout: float = 10.0,
         after: int | None = None,
     ) -> dict[str, Any]:
-        """The next message (`{"type", "data"}`) of this type and scope after index
-        `after` (default: from now)."""
-        start = len(self.peer.messages) if after is None else after
-
-        def find() -> dict[str, Any] | None:
-            for envelope in self.peer.messages[start:]:
-                data = envelope.get("data") or {}
-                if (type is None or data.get("type") == type) and (
-                    scope is None or envelope.get("scope") == scope
-                ):
-                    return data
-            return None
-
-        return await self.peer.wait_for(find, timeout, f"message {type or '(any)'}")
+        """The next message (an envelope's `data`: `{"type", "data"}`) of this type and
+        scope received after index `after` (default: from now)."""
+        return await self.peer.next_message(type, scope=scope, timeout=timeout, after=after)
 
     def send_command(self, name: str, data: dict[str, Any] | None = None) -> None:
         """Always raises ViewerCannotCommand: only the owner steers the session."""

@@ -40,6 +40,7 @@ from reactor_serve.webrtc.codecs import apply_bitrate_range, prefer_codec
 from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
 from reactor_serve.webrtc.ice import rtc_configuration, session_ice_servers
 from reactor_serve.webrtc.media import OutputFanout, receive_input
+from reactor_serve.webrtc.sdp_offer import parse_offer
 from reactor_serve.webrtc.settings import WebRTCSettings
 from reactor_serve.webrtc.viewers import ViewerRoom
 
@@ -198,7 +199,7 @@ class PeerSession:
 
     def validate_offer(self, sdp_offer: Any, track_mapping: Any) -> None:
         """Raise OfferRejected if the offer or its track mapping is malformed."""
-        _check_kinds(_parse_offer(sdp_offer), self._parse_mapping(track_mapping))
+        _check_kinds(parse_offer(sdp_offer), self._parse_mapping(track_mapping))
 
     async def answer(
         self,
@@ -214,7 +215,7 @@ class PeerSession:
         session has ended), or the host's SessionBusy.
         """
         self._loop = asyncio.get_running_loop()
-        parsed = _parse_offer(sdp_offer)
+        parsed = parse_offer(sdp_offer)
         mapping = self._parse_mapping(track_mapping)
         # Every check that needs no model session comes before opening one.
         _check_kinds(parsed, mapping)
@@ -770,18 +771,6 @@ def _check_kinds(parsed: SessionDescription, mapping: dict[str, TrackMapping]) -
                 f"track_mapping: mid {entry.mid!r} is a {media.kind} m-line but "
                 f"is mapped to {entry.kind} track {entry.name!r}"
             )
-
-
-def _parse_offer(sdp_offer: Any) -> SessionDescription:
-    if not isinstance(sdp_offer, str) or not sdp_offer.strip():
-        raise OfferRejected("sdp_offer must be a non-empty SDP string")
-    try:
-        parsed = SessionDescription.parse(sdp_offer)
-    except Exception as exc:
-        raise OfferRejected(f"malformed SDP offer: {exc}") from None
-    if not parsed.media:
-        raise OfferRejected("malformed SDP offer: it has no m-lines")
-    return parsed
 
 
 class _Sink:

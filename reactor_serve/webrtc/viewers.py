@@ -48,6 +48,7 @@ from reactor_serve.webrtc.codecs import prefer_codec
 from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
 from reactor_serve.webrtc.ice import rtc_configuration, session_ice_servers
 from reactor_serve.webrtc.media import OutputFanout
+from reactor_serve.webrtc.sdp_offer import parse_offer
 from reactor_serve.webrtc.settings import WebRTCSettings
 from reactor_serve.webrtc.shared_encoding import SharedEncoder, SharedVideoTrack
 
@@ -146,7 +147,7 @@ class ViewerRoom:
         ViewerLimitReached."""
         if self._closed:
             raise UnknownSession("the session has ended")
-        parsed = _parse_offer(sdp_offer)
+        parsed = parse_offer(sdp_offer)
         mapping = self._output_mapping(track_mapping)
         if len(self._viewers) >= self.max_viewers:
             raise ViewerLimitReached(
@@ -438,18 +439,6 @@ class ViewerRoom:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
-
-
-def _parse_offer(sdp_offer: Any) -> SessionDescription:
-    if not isinstance(sdp_offer, str) or not sdp_offer.strip():
-        raise OfferRejected("sdp_offer must be a non-empty SDP string")
-    try:
-        parsed = SessionDescription.parse(sdp_offer)
-    except Exception as exc:
-        raise OfferRejected(f"malformed SDP offer: {exc}") from None
-    if not parsed.media:
-        raise OfferRejected("malformed SDP offer: it has no m-lines")
-    return parsed
 
 
 def _answered_codecs(answer: str) -> dict[str, str]:
