@@ -207,6 +207,8 @@ class LocalBackend:
             on_end=self._on_peer_end,
             on_state=self._on_peer_state,
         )
+        # Start options (`record`, webrtc/recording.py) travel with the peer.
+        peer.extra_args = dict(extra_args)
         slot = self._current = _Slot(info, client or ClientIdentity(""), peer)
         self._arm_expiry(slot)
         return _snapshot(slot)
