@@ -520,8 +520,15 @@ class SessionRecordings:
         if not self.enabled or not isinstance(data, dict):
             return
         name = data.get("command")
+        waiting = [r for r in self._pending if r["accepted"] is None and r["name"] == name]
+        # Validation depends on the name and arguments only, so the error is the
+        # oldest waiting command's whose arguments hold the values it names (an
+        # earlier identical command would have had its own error already).
+        match = next((r for r in waiting if _holds(r["args"], data.get("errors"))), None)
+        if match is None and waiting:
+            match = waiting[0]
         for index, record in enumerate(self._pending):
-            if record["accepted"] is None and record["name"] == name:
+            if record is match:
                 record["accepted"] = False
                 record["error"] = data
                 for earlier in list(self._pending)[:index]:
@@ -640,6 +647,10 @@ class SessionRecordings:
         assert self.settings is not None and self._video is not None
         image = presented.video.get(self._video)
         if image is None:
+            return
+        if self._encoder is None and not presented.is_new:
+            # The black placeholder shown before the model's first frame (at a default
+            # size) is not recorded: files start with the model's own picture and size.
             return
         started = time.thread_time()
         try:
@@ -975,6 +986,20 @@ class SessionRecordings:
             "recording_dropped_frames": self.dropped_frames,
             "recording_encode_cpu_ms": round(encoder.cpu_s * 1000.0, 1) if encoder else 0.0,
         }
+
+
+def _holds(args: Any, errors: Any) -> bool:
+    """Whether a command's `args` hold the values a commandError's `errors` name."""
+    if not isinstance(errors, list):
+        return True
+    for error in errors:
+        if not isinstance(error, dict) or not error.get("field"):
+            continue
+        if not isinstance(args, dict) or str(error["field"]) not in args:
+            return False
+        if args[str(error["field"])] != error.get("value"):
+            return False
+    return True
 
 
 def _no_arguments(data: Any, allowed: tuple[str, ...]) -> None:
