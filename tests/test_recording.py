@@ -364,3 +364,33 @@ async def test_the_session_ending_finalises_the_recording(tmp_path):
         assert meta["end_reason"] == "session_ended" and "client_closed" in meta["end_message"]
         frames, _, _ = read_video(directory / "video.mp4")
         assert len(frames) == meta["frames"] >= 10
+
+
+# ---- Serve: a replica records its session ---------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+async def test_recording_on_a_serve_replica(ray_serve, tmp_path):
+    destination = tmp_path / "serve-recordings"
+    # The model config leaves recording off; serve_config.yaml's entry turns it on.
+    url = ray_serve.deploy("recordings", {"models": [
+        {"path": "tests/recording_models/stamped_av", "min_replicas": 1, "max_replicas": 1,
+         "warm_spares": 0, "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True},
+         "recording": {"enabled": True, "destination": str(destination), "clip_seconds": 0}}]})
+    try:
+        client = await connect(f"{url}/models/stamped-av", extra_args={"record": True})
+        try:
+            started = await wait_message(client, "recordingStarted", timeout=60)
+            await frames_for(client, 1.0)
+            client.send_command("set_tint", {"tint": 42})
+            await frames_for(client, 0.5)
+            stopped = await client.stop_recording()
+        finally:
+            await client.close()
+        assert stopped["id"] == started["id"] and stopped["url"].startswith(str(destination))
+        frames, size, first_is_key = read_video(Path(stopped["url"]) / "video.mp4")
+        assert len(frames) == stopped["frames"] > 10 and size == (160, 128) and first_is_key
+        assert [(c["name"], c["args"], c["accepted"]) for c in commands_of(stopped["url"])] == [
+            ("set_tint", {"tint": 42}, True)]
+    finally:
+        ray_serve.delete("recordings")

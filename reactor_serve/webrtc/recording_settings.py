@@ -21,12 +21,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from reactor_serve.runtime.field_errors import field_problems
+from reactor_serve.webrtc.settings import WebRTCSettingsError
 
 __all__ = ["RecordingSettings", "RecordingSettingsError"]
 
 
-class RecordingSettingsError(ValueError):
-    """Bad recording settings; the message names the field."""
+class RecordingSettingsError(WebRTCSettingsError):
+    """Bad recording settings; the message names the field (a WebRTCSettingsError, so
+    that `reactor run` and the Serve app builder report it as they report those)."""
 
 
 class RecordingSettings(BaseModel):
