@@ -286,6 +286,9 @@ class _Recording:
     dropped: int = 0
     stop_reason: str | None = None
     stop_message: str | None = None
+    # Set once a limit is reached: nothing more is written; the loop stops it (after
+    # settling the verdicts of the commands still waiting, which belong in its log).
+    limited: bool = False
 
 
 @dataclass
@@ -353,6 +356,7 @@ class SessionRecordings:
         self._history: collections.deque[dict[str, Any]] = collections.deque(maxlen=_COMMAND_HISTORY)
         self._history_lock = threading.Lock()
         self._drop_logged = False
+        self._fps: float | None = None
 
     # ---- construction ----------------------------------------------------------------
 
@@ -659,6 +663,7 @@ class SessionRecordings:
                 self._encoder = _Encoder(self.settings, max(2, width - width % 2),
                                          max(2, height - height % 2), presented.fps, self._audio)
                 self._want_keyframe = True
+                self._fps = presented.fps
             encoder = self._encoder
             interval = self.settings.keyframe_interval_s * VIDEO_CLOCK_RATE
             keyframe = (
@@ -699,7 +704,7 @@ class SessionRecordings:
 
     def _write(self, item: _Encoded) -> None:
         active = self._active
-        if active is None:
+        if active is None or active.limited:
             return
         assert self.settings is not None
         try:
@@ -718,9 +723,28 @@ class SessionRecordings:
             return
         mp4 = active.mp4
         if mp4.seconds >= self.settings.max_seconds:
-            self._on_stop("limit", f"recording.max_seconds ({self.settings.max_seconds:g}) reached")
+            self._limit(active, f"recording.max_seconds ({self.settings.max_seconds:g}) reached")
         elif mp4.bytes >= self.settings.max_bytes:
-            self._on_stop("limit", f"recording.max_bytes ({self.settings.max_bytes}) reached")
+            self._limit(active, f"recording.max_bytes ({self.settings.max_bytes}) reached")
+
+    def _limit(self, active: _Recording, message: str) -> None:
+        active.limited = True
+        loop = self._loop
+        rid = active.output.id
+
+        def stop() -> None:
+            if self._recording_id != rid:
+                return  # already stopped (requested, or the session ended)
+            self._recording_id = None
+            self._resolve(force=True)
+            self._put(("stop", "limit", message))
+
+        try:
+            if loop is None or loop.is_closed():
+                raise RuntimeError("no loop")
+            loop.call_soon_threadsafe(stop)
+        except RuntimeError:
+            self._on_stop("limit", message)
 
     def _keep_for_clips(self, item: _Encoded) -> None:
         assert self.settings is not None
@@ -920,6 +944,7 @@ class SessionRecordings:
             "model": self.model,
             "session_id": self.session_id,
             "started_at": round(time.time(), 3),
+            "fps": round(self._fps, 3) if self._fps else None,
             "video_track": self._video,
             "tracks": [{"name": t.name, "kind": t.kind,
                         **({"width": encoder.width, "height": encoder.height}
