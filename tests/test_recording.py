@@ -394,3 +394,35 @@ async def test_recording_on_a_serve_replica(ray_serve, tmp_path):
             ("set_tint", {"tint": 42}, True)]
     finally:
         ray_serve.delete("recordings")
+
+
+# ---- settings ---------------------------------------------------------------------------
+
+
+def test_settings_errors_name_the_field(tmp_path):
+    from reactor_serve.serve.config import ModelEntry
+    from reactor_serve.webrtc.devserver import create_app
+    from reactor_serve.webrtc.recording_settings import RecordingSettings, RecordingSettingsError
+    from reactor_serve.webrtc.settings import WebRTCSettingsError
+
+    assert RecordingSettings.from_config({}).enabled is False
+    for section, field in [({"max_seconds": -1}, "recording.max_seconds"),
+                           ({"clip_seconds": "lots"}, "recording.clip_seconds"),
+                           ({"destination": "  "}, "recording.destination"),
+                           ({"colour": 1}, "recording.colour")]:
+        with pytest.raises(RecordingSettingsError) as bad:
+            RecordingSettings.from_config({"recording": section})
+        assert f"field '{field}'" in str(bad.value)
+    with pytest.raises(RecordingSettingsError, match="must be a mapping"):
+        RecordingSettings.from_config({"recording": [1]})
+    # `reactor run` refuses to start (it reports WebRTCSettingsError as a usage error).
+    with pytest.raises(WebRTCSettingsError, match="recording.max_bytes"):
+        create_app(model_dir(tmp_path, max_bytes=5), in_process=True)
+    # serve_config.yaml: unknown keys at parse time, values merged with the model's.
+    with pytest.raises(ValueError, match="unknown key"):
+        ModelEntry.model_validate({"path": "x", "recording": {"enable": True}})
+    entry = ModelEntry.model_validate({"path": "x", "recording": {"max_seconds": 5}})
+    merged = entry.recording_settings({"recording": {"enabled": True, "destination": "/r"}})
+    assert (merged.enabled, merged.destination, merged.max_seconds) == (True, "/r", 5)
+    with pytest.raises(RecordingSettingsError, match="recording.max_seconds"):
+        ModelEntry.model_validate({"path": "x", "recording": {"max_seconds": 0}}).recording_settings()
