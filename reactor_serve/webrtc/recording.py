@@ -21,8 +21,9 @@ video track and AAC for each audio track, and the packets go to:
   from which `saveClip` writes its own MP4 without encoding again.
 
 So while a model is opted in (and clips are on), every live session costs one extra
-H.264 encode of its output, recording or not: about what one owner's aiortc encoder
-costs at the same size (libx264 `veryfast`), on a thread of its own. Set
+H.264 encode of its output, recording or not, on a thread of its own: with libx264
+`ultrafast` (the default) about 3.5 ms of CPU per 640x480 frame and 8 ms per 1280x720
+one on this machine (`veryfast`: 9 and 23 ms; benchmarks/recording.py). Set
 `clip_seconds: 0` to encode only while a recording runs.
 
 Commands: every command the client sends (while something records) is logged with its

@@ -8,7 +8,7 @@
       max_bytes: 2000000000       # ...or this many bytes of video and audio
       clip_seconds: 30            # seconds kept in memory for `saveClip` (0: no clips)
       keyframe_interval_s: 1      # a clip starts at most this long before what was asked
-      preset: veryfast            # libx264 preset (ultrafast .. medium)
+      preset: ultrafast           # libx264 preset (ultrafast .. medium)
       crf: 23                     # libx264 quality (lower: better and bigger)
 
 A serve_config.yaml model entry may override any of these (its `recording:` keys win).
@@ -43,7 +43,8 @@ class RecordingSettings(BaseModel):
     max_bytes: int = Field(default=2_000_000_000, ge=100_000)
     clip_seconds: float = Field(default=30.0, ge=0, le=600)
     keyframe_interval_s: float = Field(default=1.0, gt=0, le=10)
-    preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium"] = "veryfast"
+    # ultrafast by default: the clip encode runs for the whole of every opted-in session.
+    preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium"] = "ultrafast"
     crf: int = Field(default=23, ge=0, le=51)
     # Presented frames waiting for the encoder thread; past it frames are dropped
     # (counted, noted in the recording's meta.json) rather than stalling the media loop.
