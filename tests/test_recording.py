@@ -426,3 +426,41 @@ def test_settings_errors_name_the_field(tmp_path):
     assert (merged.enabled, merged.destination, merged.max_seconds) == (True, "/r", 5)
     with pytest.raises(RecordingSettingsError, match="recording.max_seconds"):
         ModelEntry.model_validate({"path": "x", "recording": {"max_seconds": 0}}).recording_settings()
+
+
+async def test_disk_full_and_failed_uploads_stop_the_recording_not_the_session(tmp_path):
+    destination = tmp_path / "recordings"
+    with _App(model_dir(tmp_path)) as app:
+        client = await connect(app.url)
+        try:
+            # The first recording's file is /dev/full: every write fails with ENOSPC.
+            directory = destination / "stamped-av" / client.session_id / "1"
+            directory.mkdir(parents=True)
+            (directory / "video.mp4").symlink_to("/dev/full")
+            mark = len(client.peer.messages)
+            await client.start_recording()
+            stopped = await wait_message(client, "recordingStopped", start=mark)
+            assert stopped["reason"] == "error" and "space" in stopped["message"].lower()
+            client.send_command("set_tint", {"tint": 9})
+            frames = await frames_for(client, 0.5)
+            assert len(frames) > 3 and client.state == "streaming"
+            # The next recording works.
+            await client.start_recording()
+            await frames_for(client, 0.5)
+            assert (await client.stop_recording())["frames"] > 3
+        finally:
+            await client.close()
+    shutil.rmtree(tmp_path / "model")
+    with _App(model_dir(tmp_path, destination="nosuchstore://bucket/prefix")) as app:
+        client = await connect(app.url)
+        try:
+            await client.start_recording()
+            await frames_for(client, 0.5)
+            stopped = await client.stop_recording()
+            assert stopped["reason"] == "error" and "uploading to nosuchstore://" in stopped["message"]
+            # The files stay where they were written, complete.
+            frames, _, _ = read_video(Path(stopped["url"]) / "video.mp4")
+            assert len(frames) == stopped["frames"]
+            assert client.state == "streaming" and len(await frames_for(client, 0.3)) > 2
+        finally:
+            await client.close()
