@@ -6,7 +6,6 @@ big black or white blocks, and sends a tone with every frame, so a test can tell
 frame the recording holds at each timestamp and compare it with what the client saw.
 """
 
-import asyncio
 import json
 import shutil
 import threading
@@ -196,7 +195,9 @@ async def test_start_stop_and_clip_on_request(tmp_path):
     with _App(model_dir(tmp_path, clip_seconds=5)) as app:
         client = await connect(app.url)
         try:
-            await frames_for(client, 3.0)
+            await frames_for(client, 2.5)
+            client.send_command("set_tint", {"tint": 77})
+            await frames_for(client, 0.5)
             clip = await client.save_clip(2)
             started = await client.start_recording()
             with pytest.raises(RecordingRefused) as twice:
@@ -219,6 +220,10 @@ async def test_start_stop_and_clip_on_request(tmp_path):
     stamps = [s for _, s in frames]
     assert stamps == sorted(stamps) and stamps[0] > 0
     assert Path(clip["url"]).parent.name == "clips"
+    # Its command log holds the command sent in its span, timed within it.
+    log = commands_of(clip["url"])
+    assert [(c["name"], c["args"], c["accepted"]) for c in log] == [("set_tint", {"tint": 77}, True)]
+    assert 0 < log[0]["t"] < frames[-1][0] / 90000
     # The recording started by request.
     assert started["id"] == stopped["id"] == "1"
     frames, _, first_is_key = read_video(Path(stopped["url"]) / "video.mp4")

@@ -123,10 +123,6 @@ class _Encoded:
     dts: int
     keyframe: bool
 
-    @property
-    def seconds(self) -> float:
-        return self.pts / (VIDEO_CLOCK_RATE if self.stream == 0 else AUDIO_CLOCK_RATE)
-
 
 class _Encoder:
     """One H.264 + AAC encode of a session's output (worker thread only).
