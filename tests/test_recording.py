@@ -6,6 +6,7 @@ big black or white blocks, and sends a tone with every frame, so a test can tell
 frame the recording holds at each timestamp and compare it with what the client saw.
 """
 
+import asyncio
 import json
 import shutil
 import threading
@@ -469,3 +470,20 @@ async def test_disk_full_and_failed_uploads_stop_the_recording_not_the_session(t
             assert client.state == "streaming" and len(await frames_for(client, 0.3)) > 2
         finally:
             await client.close()
+
+
+async def test_shutting_down_reactor_run_finalises_the_recording(tmp_path, reactor_run):
+    run = reactor_run(model_dir(tmp_path))
+    client = await connect(run.url, extra_args={"record": True}, reconnect=False)
+    try:
+        started = await wait_message(client, "recordingStarted")
+        await frames_for(client, 1.0)
+        await asyncio.to_thread(run.stop)  # SIGTERM: the server shuts down
+        await client.wait_closed(timeout=30)
+    finally:
+        await client.close()
+    directory = Path(started["url"])
+    meta = json.loads((directory / "meta.json").read_text())
+    assert meta["end_reason"] == "session_ended" and "shutdown" in meta["end_message"]
+    frames, _, _ = read_video(directory / "video.mp4")
+    assert len(frames) == meta["frames"] >= 10
