@@ -48,8 +48,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import fractions
-import io
 import json
 import logging
 import math
@@ -63,12 +61,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import av
-import numpy as np
-
 from reactor_serve.interface.tracks import TrackDecl
 from reactor_serve.runtime.emission_clock import AUDIO_CLOCK_RATE, VIDEO_CLOCK_RATE, PresentedFrame
 from reactor_serve.runtime.field_errors import command_error, describe_value
+from reactor_serve.webrtc.recording_media import EncodedPacket, Mp4Writer, RecordingEncoder
 from reactor_serve.webrtc.recording_settings import RecordingSettings, RecordingSettingsError
 
 __all__ = [
@@ -94,11 +90,6 @@ CLIP_MAX_BYTES = 256 * 1024 * 1024
 # Commands kept for clips' logs (and for records waiting for their verdict).
 _COMMAND_HISTORY = 10_000
 
-_VIDEO_TB = fractions.Fraction(1, VIDEO_CLOCK_RATE)
-_AUDIO_TB = fractions.Fraction(1, AUDIO_CLOCK_RATE)
-_MOVFLAGS = "frag_keyframe+empty_moov+default_base_moof"
-
-
 class _Refused(Exception):
     """A recording request that cannot be done; `rule` and `field` name why."""
 
@@ -107,152 +98,6 @@ class _Refused(Exception):
         self.rule = rule
         self.field = field_
         self.value = value
-
-
-# ---- encoded packets -------------------------------------------------------------------
-
-
-@dataclass
-class _Encoded:
-    """One encoded packet, kept as bytes: muxing consumes an av.Packet, and the same
-    packet goes to a recording and to the clip ring."""
-
-    stream: int  # 0: video; 1 + i: audio track i
-    data: bytes
-    pts: int  # in the stream's clock (90 kHz video, 48 kHz audio), session time
-    dts: int
-    keyframe: bool
-
-
-class _Encoder:
-    """One H.264 + AAC encode of a session's output (worker thread only).
-
-    The codec contexts belong to a template container written to memory: its header
-    fills in the codec parameters (size, avcC/ASC extradata) that every file made
-    from it with `add_stream_from_template` needs."""
-
-    def __init__(self, settings: RecordingSettings, width: int, height: int, fps: float,
-                 audio: list[TrackDecl]) -> None:
-        self.width, self.height = width, height
-        self._template = av.open(io.BytesIO(), "w", format="mp4")
-        video = self._template.add_stream("libx264", rate=max(1, round(fps)))
-        context = video.codec_context
-        context.width, context.height, context.pix_fmt = width, height, "yuv420p"
-        context.time_base = _VIDEO_TB
-        # zerolatency: one packet out per frame in (no lookahead, no B-frames), so a
-        # forced keyframe lands where asked and a clip ends where the session is.
-        context.options = {"preset": settings.preset, "tune": "zerolatency", "crf": str(settings.crf)}
-        context.gop_size = 100_000  # keyframes when forced: every keyframe_interval_s
-        context.thread_count = 1 if width * height <= 1280 * 720 else 2
-        self.streams: list[Any] = [video]
-        for track in audio:
-            stream = self._template.add_stream(
-                "aac", rate=AUDIO_CLOCK_RATE, layout="stereo" if track.channels == 2 else "mono"
-            )
-            stream.codec_context.time_base = _AUDIO_TB
-            self.streams.append(stream)
-        self._template.start_encoding()
-        self.audio_names = [t.name for t in audio]
-        self.audio_channels = [2 if t.channels == 2 else 1 for t in audio]
-        # Next expected sample of each audio track (its encoder wants a gapless stream).
-        self._audio_next: list[int | None] = [None] * len(audio)
-        self.cpu_s = 0.0
-
-    def video(self, image: np.ndarray, pts: int, keyframe: bool) -> list[_Encoded]:
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
-        # One swscale pass: RGB to the encoder's YUV 4:2:0 and size (a model that
-        # changes its frame size mid-session is scaled to the first one).
-        frame = frame.reformat(width=self.width, height=self.height, format="yuv420p")
-        frame.pts, frame.time_base = pts, _VIDEO_TB
-        frame.pict_type = av.video.frame.PictureType.I if keyframe else av.video.frame.PictureType.NONE
-        return self._collect(0, self.streams[0].codec_context.encode(frame))
-
-    def audio(self, index: int, chunk: np.ndarray, audio_pts: int) -> list[_Encoded]:
-        channels = self.audio_channels[index]
-        if chunk.shape[0] != channels:
-            chunk = (
-                np.repeat(chunk[:1], 2, axis=0) if channels == 2
-                else chunk.mean(axis=0, keepdims=True).astype(np.int16)
-            )
-        out: list[_Encoded] = []
-        expected = self._audio_next[index]
-        if expected is None:
-            expected = audio_pts
-        gap = audio_pts - expected
-        if gap > AUDIO_CLOCK_RATE // 100:
-            # Slots without audio (the model made none, or slots were dropped): the
-            # client heard silence there, so the file has silence, in sync.
-            silence = np.zeros((channels, min(gap, AUDIO_CLOCK_RATE)), dtype=np.int16)
-            out += self._audio_frame(index, silence, expected)
-            expected += silence.shape[1]
-        out += self._audio_frame(index, np.ascontiguousarray(chunk, dtype=np.int16), expected)
-        self._audio_next[index] = expected + chunk.shape[1]
-        return out
-
-    def _audio_frame(self, index: int, samples: np.ndarray, pts: int) -> list[_Encoded]:
-        frame = av.AudioFrame.from_ndarray(
-            samples.T.reshape(1, -1).copy(),  # packed s16: interleaved channels
-            format="s16", layout="stereo" if samples.shape[0] == 2 else "mono",
-        )
-        frame.sample_rate, frame.pts, frame.time_base = AUDIO_CLOCK_RATE, pts, _AUDIO_TB
-        return self._collect(1 + index, self.streams[1 + index].codec_context.encode(frame))
-
-    def _collect(self, stream: int, packets: Any) -> list[_Encoded]:
-        out = []
-        for packet in packets:
-            if packet.pts is None or packet.size == 0:
-                continue
-            out.append(_Encoded(stream, bytes(packet), int(packet.pts),
-                                int(packet.dts if packet.dts is not None else packet.pts),
-                                bool(packet.is_keyframe)))
-        return out
-
-    def close(self) -> None:
-        try:
-            self._template.close()
-        except Exception:
-            pass
-
-
-class _Mp4:
-    """One fragmented MP4 made of an `_Encoder`'s packets, timed from `base_pts` (the
-    90 kHz pts of its first frame, a keyframe)."""
-
-    def __init__(self, path: Path, encoder: _Encoder, base_pts: int) -> None:
-        self.path = path
-        self._container = av.open(
-            str(path), "w", format="mp4",
-            options={"movflags": _MOVFLAGS, "avoid_negative_ts": "make_non_negative"},
-        )
-        self._streams = [self._container.add_stream_from_template(s) for s in encoder.streams]
-        self.base_pts = base_pts
-        self._audio_base = round(base_pts * AUDIO_CLOCK_RATE / VIDEO_CLOCK_RATE)
-        self.frames = 0
-        self.bytes = 0
-        self.last_pts = base_pts
-
-    @property
-    def seconds(self) -> float:
-        return (self.last_pts - self.base_pts) / VIDEO_CLOCK_RATE
-
-    def write(self, item: _Encoded) -> None:
-        base = self.base_pts if item.stream == 0 else self._audio_base
-        pts, dts = item.pts - base, item.dts - base
-        if item.stream != 0 and pts < 0:
-            return  # audio from before the first frame
-        packet = av.Packet(item.data)
-        packet.pts, packet.dts = pts, dts
-        packet.time_base = _VIDEO_TB if item.stream == 0 else _AUDIO_TB
-        packet.is_keyframe = item.keyframe
-        packet.stream = self._streams[item.stream]
-        self._container.mux(packet)
-        self.bytes += len(item.data)
-        if item.stream == 0:
-            self.frames += 1
-            self.last_pts = item.pts
-
-    def close(self) -> None:
-        self._container.close()
 
 
 # ---- one recording or clip ------------------------------------------------------------
@@ -277,7 +122,7 @@ class _Recording:
     output: _Output
     started_wall: float
     meta: dict[str, Any]
-    mp4: _Mp4 | None = None  # opened at the first keyframe
+    mp4: Mp4Writer | None = None  # opened at the first keyframe
     commands: Any = None  # the open commands.jsonl
     command_count: int = 0
     dropped: int = 0
@@ -293,7 +138,7 @@ class _Gop:
     """Packets from one video keyframe up to the next."""
 
     start_pts: int
-    items: list[_Encoded] = field(default_factory=list)
+    items: list[EncodedPacket] = field(default_factory=list)
     bytes: int = 0
 
 
@@ -344,7 +189,7 @@ class SessionRecordings:
         self._seq = 0
         self.dropped_frames = 0
         # Worker-only state.
-        self._encoder: _Encoder | None = None
+        self._encoder: RecordingEncoder | None = None
         self._active: _Recording | None = None
         self._want_keyframe = False
         self._last_keyframe_pts: int | None = None
@@ -657,7 +502,7 @@ class SessionRecordings:
         try:
             if self._encoder is None:
                 height, width = image.shape[:2]
-                self._encoder = _Encoder(self.settings, max(2, width - width % 2),
+                self._encoder = RecordingEncoder(self.settings, max(2, width - width % 2),
                                          max(2, height - height % 2), presented.fps, self._audio)
                 self._want_keyframe = True
                 self._fps = presented.fps
@@ -699,7 +544,7 @@ class SessionRecordings:
                 log.warning("session %s: recording %s: the encoder falls behind; dropping "
                             "frames (counted in meta.json)", self.session_id, active.output.id)
 
-    def _write(self, item: _Encoded) -> None:
+    def _write(self, item: EncodedPacket) -> None:
         active = self._active
         if active is None or active.limited:
             return
@@ -708,7 +553,7 @@ class SessionRecordings:
             if active.mp4 is None:
                 if item.stream != 0 or not item.keyframe:
                     return  # a recording starts at a (forced) keyframe
-                active.mp4 = _Mp4(active.output.local / "video.mp4", self._encoder, item.pts)  # type: ignore[arg-type]
+                active.mp4 = Mp4Writer(active.output.local / "video.mp4", self._encoder, item.pts)  # type: ignore[arg-type]
                 active.meta["start_pts"] = item.pts
                 self._write_meta(active)
                 self._backfill_commands(active)
@@ -743,7 +588,7 @@ class SessionRecordings:
         except RuntimeError:
             self._on_stop("limit", message)
 
-    def _keep_for_clips(self, item: _Encoded) -> None:
+    def _keep_for_clips(self, item: EncodedPacket) -> None:
         assert self.settings is not None
         span = self.settings.clip_seconds
         if span <= 0:
@@ -892,7 +737,7 @@ class SessionRecordings:
         try:
             output = self._output("clip", cid)
             output.local.mkdir(parents=True, exist_ok=True)
-            mp4 = _Mp4(output.local / "video.mp4", self._encoder, start.start_pts)
+            mp4 = Mp4Writer(output.local / "video.mp4", self._encoder, start.start_pts)
             try:
                 for item in items:
                     mp4.write(item)
