@@ -39,6 +39,7 @@ __all__ = [
     "ClientState",
     "ReactorClient",
     "ReconnectPolicy",
+    "RecordingRefused",
     "SessionRefused",
     "checked_json",
     "connect",
@@ -49,6 +50,15 @@ __all__ = [
 ]
 
 log = logging.getLogger("reactor_serve.client")
+
+
+class RecordingRefused(RuntimeError):
+    """The server answered a recording request with `recordingError`; `data` is it
+    (`{"command", "message", "errors": [{"field", "rule", "value"}]}`)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        super().__init__(str(data.get("message") or data))
+        self.data = data
 
 
 class SessionRefused(RuntimeError):
@@ -462,6 +472,49 @@ class ReactorClient:
         """End every viewer and forget the link; whether there was one."""
         url = join_url(self.base_url, f"sessions/{self.session_id}/viewers")
         return bool(checked_json(await self._http.delete(url), 200).get("revoked"))
+
+    # ---- recordings (the model must opt in: `recording: {enabled: true}`) -------------
+
+    async def start_recording(self, timeout: float = 10.0) -> dict[str, Any]:
+        """Record this session on the server from now on: `{"id", "url"}` once the
+        first frame is written. Raises RecordingRefused (not allowed, already
+        recording, the destination cannot be written)."""
+        return await self._recording_request("startRecording", {}, "recordingStarted", timeout)
+
+    async def stop_recording(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Stop the recording: `{"id", "url", "frames", "bytes", "seconds", "commands",
+        "dropped", "reason"}` once its files are complete (and uploaded)."""
+        return await self._recording_request("stopRecording", {}, "recordingStopped", timeout)
+
+    async def save_clip(self, seconds: float | None = None, timeout: float = 30.0) -> dict[str, Any]:
+        """Save the last `seconds` (default: all the server keeps) as a file of its
+        own: `{"id", "url", "frames", "bytes", "seconds", "commands"}`."""
+        data: dict[str, Any] = {} if seconds is None else {"seconds": seconds}
+        return await self._recording_request("saveClip", data, "clipSaved", timeout)
+
+    async def _recording_request(
+        self, type_: str, data: dict[str, Any], answer: str, timeout: float
+    ) -> dict[str, Any]:
+        mark = len(self.peer.messages)
+        self.peer.send_runtime(type_, data)
+
+        def find() -> dict[str, Any] | None:
+            for envelope in self.peer.messages[mark:]:
+                message = envelope.get("data") or {}
+                if envelope.get("scope") != "runtime":
+                    continue
+                if message.get("type") == answer:
+                    return message
+                if message.get("type") == "recordingError" and (
+                    (message.get("data") or {}).get("command") == type_
+                ):
+                    return message
+            return None
+
+        reply = await self.peer.wait_for(find, timeout, f"answer to {type_}")
+        if reply["type"] == "recordingError":
+            raise RecordingRefused(reply.get("data") or {})
+        return reply.get("data") or {}
 
     async def request_capabilities(self, timeout: float = 10.0) -> dict[str, Any]:
         mark = len(self.peer.messages)

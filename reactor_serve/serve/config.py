@@ -43,6 +43,7 @@ from pydantic import (
 )
 
 from reactor_serve.serve.policy import POLICY_IMPORT_PATH
+from reactor_serve.webrtc.recording_settings import RecordingSettings
 from reactor_serve.webrtc.settings import IceServer, WebRTCSettings
 
 __all__ = [
@@ -94,6 +95,9 @@ class ModelEntry(BaseModel):
     downscale_delay_s: float = Field(default=30.0, ge=0)
     # Overrides merged over the model config's `webrtc` section (WebRTCSettings keys).
     webrtc: dict[str, Any] | None = None
+    # Overrides merged over the model config's `recording` section (RecordingSettings
+    # keys, webrtc/recording_settings.py): e.g. `{enabled: true, destination: s3://...}`.
+    recording: dict[str, Any] | None = None
 
     @field_validator("path")
     @classmethod
@@ -140,6 +144,27 @@ class ModelEntry(BaseModel):
                     f"{', '.join(WebRTCSettings.model_fields)}"
                 )
         return value
+
+    @field_validator("recording")
+    @classmethod
+    def _check_recording_keys(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value:
+            unknown = sorted(set(value) - set(RecordingSettings.model_fields))
+            if unknown:
+                raise ValueError(
+                    f"unknown key(s) {', '.join(unknown)}; expected some of "
+                    f"{', '.join(RecordingSettings.model_fields)}"
+                )
+        return value
+
+    def recording_settings(self, model_config: Mapping[str, Any] | None = None) -> RecordingSettings:
+        """The model config's `recording` section with this entry's overrides; errors
+        name the field (RecordingSettingsError)."""
+        section = dict((model_config or {}).get("recording") or {})
+        section.update(self.recording or {})
+        return RecordingSettings.from_config(
+            {"recording": section}, source=f"model {self.name or self.path!r}"
+        )
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelEntry:

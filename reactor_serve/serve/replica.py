@@ -64,6 +64,7 @@ class ModelReplica:
         settings: dict[str, Any],
         max_session_s: float,
         admission_timeout_s: float = 60.0,
+        recording: dict[str, Any] | None = None,
     ) -> None:
         self.model_name = model_name
         self._identity = _replica_identity()
@@ -78,6 +79,8 @@ class ModelReplica:
         self.settings = WebRTCSettings.model_validate(settings)
         self.max_session_s = max_session_s
         self.sessions = LocalBackend(self.host, self.settings)
+        # The model's recording settings (config and serve_config.yaml, validated).
+        self.sessions.recording_override = recording
         self.sessions_started = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._metrics = metrics.ReplicaMetrics(model_name)

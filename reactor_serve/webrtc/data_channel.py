@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.webrtc import protocol, schema
+from reactor_serve.webrtc.recording import RECORDING_REQUESTS
 
 if TYPE_CHECKING:
     from reactor_serve.webrtc.peer import PeerSession
@@ -175,6 +176,8 @@ class InboundHandler:
         on_ignored: Callable[[], None] | None = None,
         bucket: TokenBucket | None = None,
         report_latency: Callable[[Any, Any], str | None] | None = None,
+        on_command: Callable[[str, Any, dict[str, Any] | None], None] | None = None,
+        recording: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.session_id = session_id
         self._command = command
@@ -183,6 +186,11 @@ class InboundHandler:
         self._send_control = send_control
         self._spec = spec
         self._on_ignored = on_ignored
+        # Told of every command (name, args, None) handed on, and of every one refused
+        # here (name, None, its commandError): the session's recording logs them.
+        self._on_command = on_command
+        # startRecording / stopRecording / saveClip (webrtc/recording.py).
+        self._recording = recording
         self.bucket = bucket or TokenBucket(COMMAND_RATE, COMMAND_BURST)
         self.counters = InboundCounters()
         # Set once a rate_limited commandError went out; cleared only once the bucket
@@ -216,6 +224,8 @@ class InboundHandler:
             error = command_error(exc.command, str(exc), exc.errors)
             if exc.command_id is not None:
                 error["id"] = exc.command_id
+            if self._on_command is not None:
+                self._on_command(exc.command, None, error)
             self._send(protocol.runtime("commandError", error))
             return
         except protocol.ProtocolError as exc:
@@ -224,6 +234,8 @@ class InboundHandler:
         if message.scope == "application":
             if self._admit(message.type):
                 self.counters.commands += 1
+                if self._on_command is not None:
+                    self._on_command(message.type, message.data, None)
                 self._command(message.type, message.data, message.id)
         elif message.type == "ping":
             pass  # liveness only, and the caller has noted it
@@ -243,6 +255,9 @@ class InboundHandler:
                 why = self._report_latency(message.data.get("id"), message.data.get("latency_ms"))
                 if why is not None:
                     log.debug("session %s: inputLatency ignored: %s", self.session_id, why)
+        elif message.type in RECORDING_REQUESTS and self._recording is not None:
+            if self._admit(None):
+                self._recording(message.type, message.data)
         else:
             log.debug("session %s: unhandled runtime message %s", self.session_id,
                       protocol.brief(message.type))
@@ -363,6 +378,20 @@ def _make_handler(peer: PeerSession) -> InboundHandler:
     def ignored() -> None:
         peer.ignored_frames += 1
 
+    def on_command(name: str, args: Any, error: dict[str, Any] | None) -> None:
+        recordings = peer.recordings
+        if recordings is not None:
+            recordings.command(name, args, error)
+
+    def recording(type_: str, data: dict[str, Any]) -> None:
+        recordings = peer.recordings
+        if recordings is not None:
+            recordings.request(type_, data)
+        else:
+            peer._send(protocol.runtime("recordingError", command_error(
+                type_, "the session is not open yet", [{"field": None, "rule": "not_open", "value": None}]
+            )))
+
     return InboundHandler(
         session_id=peer.id,
         command=command,
@@ -371,6 +400,8 @@ def _make_handler(peer: PeerSession) -> InboundHandler:
         spec=lambda: peer.host.spec,
         on_ignored=ignored,
         report_latency=report_latency,
+        on_command=on_command,
+        recording=recording,
     )
 
 

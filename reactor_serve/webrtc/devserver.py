@@ -43,6 +43,7 @@ from reactor_serve.webrtc.backend import (
 from reactor_serve.webrtc.ice import client_ice_servers, session_ice_servers
 from reactor_serve.webrtc.node_network import with_node_network
 from reactor_serve.webrtc.session_routes import add_session_middleware, session_routes
+from reactor_serve.webrtc.recording_settings import RecordingSettings
 from reactor_serve.webrtc.settings import WebRTCSettings, WebRTCSettingsError
 from reactor_serve.webrtc.web_page import (
     DOCTOR_PAGE,
@@ -145,6 +146,9 @@ class LocalBackend:
         self._settings = with_node_network(settings)
         self._offer_timeout_s = offer_timeout_s
         self._peer_factory = peer_factory
+        # The model's `recording` settings, validated, for every session's recorder
+        # (webrtc/recording.py); None: read from the model config per session.
+        self.recording_override: dict[str, Any] | None = None
         self._current: _Slot | None = None
         self._ended: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
         # Tasks we start, referenced until done (the loop keeps weak references).
@@ -207,6 +211,9 @@ class LocalBackend:
             on_end=self._on_peer_end,
             on_state=self._on_peer_state,
         )
+        # Start options (`record`, webrtc/recording.py) travel with the peer.
+        peer.extra_args = dict(extra_args)
+        peer.recording_override = self.recording_override
         slot = self._current = _Slot(info, client or ClientIdentity(""), peer)
         self._arm_expiry(slot)
         return _snapshot(slot)
@@ -634,6 +641,10 @@ def create_app(
     host = hosted_model(model_dir, in_process)
     settings = _settings(host.config, settings_override, source=f"{model_dir}")
     backend = LocalBackend(host, settings)
+    # A bad `recording` section fails here, naming the field, not at the first session.
+    backend.recording_override = RecordingSettings.from_config(
+        host.config, source=f"{model_dir}"
+    ).model_dump(mode="json")
     name = host.spec.name
 
     @asynccontextmanager

@@ -40,6 +40,7 @@ from reactor_serve.webrtc.codecs import apply_bitrate_range, prefer_codec
 from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
 from reactor_serve.webrtc.ice import rtc_configuration, session_ice_servers
 from reactor_serve.webrtc.media import OutputFanout, receive_input
+from reactor_serve.webrtc.recording import SessionRecordings
 from reactor_serve.webrtc.sdp_offer import parse_offer
 from reactor_serve.webrtc.settings import WebRTCSettings
 from reactor_serve.webrtc.viewers import ViewerRoom
@@ -142,6 +143,12 @@ class PeerSession:
         self.ignored_frames = 0
         # Watch-only viewers of this session (webrtc/viewers.py), once it is open.
         self.viewers: ViewerRoom | None = None
+        # Recordings of this session (webrtc/recording.py), once it is open; the start
+        # options the client gave (`extra_args`: `record: true` records from the start);
+        # `recording` keys overriding the model config's (serve_config.yaml).
+        self.recordings: SessionRecordings | None = None
+        self.extra_args: dict[str, Any] = {}
+        self.recording_override: dict[str, Any] | None = None
         apply_bitrate_range(settings)
         # Loopback only, a port range, an announced address: per peer connection.
         self._host_candidates = HostCandidatePolicy.from_settings(settings)
@@ -429,6 +436,12 @@ class PeerSession:
             )
         self._fanout.start()
         self.viewers = ViewerRoom(self.id, self.host.spec, self.settings, self._fanout)
+        self.recordings = SessionRecordings.for_session(
+            model=self.host.spec.name, session_id=self.id, config=self.host.config,
+            outputs=self.host.spec.outputs, send=self._send_runtime,
+            override=self.recording_override,
+        )
+        self.recordings.attach(self._fanout, self.extra_args.get("record"))
         self._watchdog_task = self._spawn(self._watchdog())
         self._stats_task = self._spawn(self._report_stats())
 
@@ -577,6 +590,12 @@ class PeerSession:
         else:
             self._outbox.append(text)
 
+    def _send_runtime(self, type_: str, data: dict[str, Any]) -> None:
+        try:
+            self._send(protocol.runtime(type_, data))
+        except protocol.ProtocolError:
+            log.exception("session %s: a %s message is not JSON", self.id, type_)
+
     def _flush_outbox(self) -> None:
         channel = self._channels.get("data")
         while self._outbox and channel is not None and channel.readyState == "open":
@@ -589,6 +608,10 @@ class PeerSession:
         if envelope.get("scope") == "runtime":
             if data.get("type") == "sessionEnded":
                 self._farewell_queued = True
+            recordings = self.recordings
+            if data.get("type") == "commandError" and recordings is not None and self._loop is not None:
+                # The recording's command log marks the command it names rejected.
+                self._loop.call_soon_threadsafe(recordings.command_error, data.get("data"))
             text = protocol.runtime(data["type"], data.get("data", {}))
         else:
             text = protocol.application(data)
@@ -674,6 +697,9 @@ class PeerSession:
                 conn.pc = None
         if self.viewers is not None:
             await self.viewers.close(reason, detail)
+        if self.recordings is not None:
+            # Bounded: the files are complete once the session has ended.
+            await self.recordings.close(reason)
         if self._fanout is not None:
             await self._fanout.stop()
         self._set_state(SessionState.ENDED)
@@ -727,6 +753,8 @@ class PeerSession:
             data["superseded"] = self._fanout.superseded()
         if self.viewers is not None:
             data.update(self.viewers.stats())
+        if self.recordings is not None and self.recordings.enabled:
+            data.update(self.recordings.stats())
         return data
 
 
