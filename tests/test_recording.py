@@ -130,12 +130,14 @@ async def test_recording_on_reactor_run_matches_what_the_client_saw(tmp_path, re
         started = await wait_message(client, "recordingStarted")
         assert started["id"] == "1"
         seen = await frames_for(client, 1.0)
-        client.send_command("set_tint", {"tint": 10})
-        client.send_command("set_tint", {"tint": 999})  # out of range: the model refuses
-        client.send_command("poke", {})
-        client.send_command("no_such_command", {"x": 1})
+        ids = [
+            client.send_command("set_tint", {"tint": 10}),
+            client.send_command("set_tint", {"tint": 999}),  # out of range: the model refuses
+            client.send_command("poke", {}),
+            client.send_command("no_such_command", {"x": 1}),
+        ]
         client.peer.send_raw('{"scope":"application","data":{"type":"set_tint","data":{"tint":NaN}}}')
-        client.send_command("set_tint", {"tint": 200})
+        ids.append(client.send_command("set_tint", {"tint": 200}))
         seen += await frames_for(client, 1.5)
         stopped = await client.stop_recording()
         seen += await frames_for(client, 0.3)  # the session streams on
@@ -182,6 +184,10 @@ async def test_recording_on_reactor_run_matches_what_the_client_saw(tmp_path, re
         ("set_tint", False), ("set_tint", True),
     ]
     assert log[0]["args"] == {"tint": 10} and log[5]["args"] == {"tint": 200}
+    # Each entry carries the id the command went with (none for the frame refused before
+    # it had one), the one the model's commandError named.
+    assert [c["id"] for c in log] == ids[:4] + [None, ids[4]]
+    assert log[1]["error"]["id"] == ids[1]
     assert log[1]["error"]["errors"][0]["field"] == "tint"
     assert log[4]["args"] is None and log[4]["error"]["errors"][0]["rule"] == "finite"
     assert [c["seq"] for c in log] == sorted(c["seq"] for c in log)

@@ -169,14 +169,14 @@ class InboundHandler:
         self,
         *,
         session_id: str,
-        command: Callable[[str, dict[str, Any], str | int | None], None],
+        command: Callable[[str, dict[str, Any], str | int | None], str | int | None],
         send: Callable[[str], None],
         send_control: Callable[[str], None],
         spec: Callable[[], Any],
         on_ignored: Callable[[], None] | None = None,
         bucket: TokenBucket | None = None,
         report_latency: Callable[[Any, Any], str | None] | None = None,
-        on_command: Callable[[str, Any, dict[str, Any] | None], None] | None = None,
+        on_command: Callable[[str, Any, dict[str, Any] | None, str | int | None], None] | None = None,
         recording: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.session_id = session_id
@@ -186,8 +186,10 @@ class InboundHandler:
         self._send_control = send_control
         self._spec = spec
         self._on_ignored = on_ignored
-        # Told of every command (name, args, None) handed on, and of every one refused
-        # here (name, None, its commandError): the session's recording logs them.
+        # Told of every command (name, args, None, id) handed on, and of every one
+        # refused here (name, None, its commandError, id): the session's recording
+        # logs them. `command` returns the id the command went on with (the client's,
+        # or one the session made up), which the model's commandError will name.
         self._on_command = on_command
         # startRecording / stopRecording / saveClip (webrtc/recording.py).
         self._recording = recording
@@ -225,7 +227,7 @@ class InboundHandler:
             if exc.command_id is not None:
                 error["id"] = exc.command_id
             if self._on_command is not None:
-                self._on_command(exc.command, None, error)
+                self._on_command(exc.command, None, error, exc.command_id)
             self._send(protocol.runtime("commandError", error))
             return
         except protocol.ProtocolError as exc:
@@ -234,9 +236,9 @@ class InboundHandler:
         if message.scope == "application":
             if self._admit(message.type):
                 self.counters.commands += 1
+                command_id = self._command(message.type, message.data, message.id)
                 if self._on_command is not None:
-                    self._on_command(message.type, message.data, None)
-                self._command(message.type, message.data, message.id)
+                    self._on_command(message.type, message.data, None, command_id)
         elif message.type == "ping":
             pass  # liveness only, and the caller has noted it
         elif message.type == "requestSchema":
@@ -359,10 +361,11 @@ def _make_handler(peer: PeerSession) -> InboundHandler:
     # The handler reads the peer through these small closures only, so that the peer's
     # session (opened after the first offer) and channels (replaced on reconnect) are
     # looked up per frame.
-    def command(name: str, args: dict[str, Any], command_id: str | int | None) -> None:
+    def command(name: str, args: dict[str, Any], command_id: str | int | None) -> str | int | None:
         session = peer.session
-        if session is not None:
-            session.command(name, args, command_id)
+        if session is None:
+            return command_id
+        return session.command(name, args, command_id).id
 
     def report_latency(command_id: Any, latency_ms: Any) -> str | None:
         session = peer.session
@@ -378,10 +381,12 @@ def _make_handler(peer: PeerSession) -> InboundHandler:
     def ignored() -> None:
         peer.ignored_frames += 1
 
-    def on_command(name: str, args: Any, error: dict[str, Any] | None) -> None:
+    def on_command(
+        name: str, args: Any, error: dict[str, Any] | None, command_id: str | int | None
+    ) -> None:
         recordings = peer.recordings
         if recordings is not None:
-            recordings.command(name, args, error)
+            recordings.command(name, args, error, command_id)
 
     def recording(type_: str, data: dict[str, Any]) -> None:
         recordings = peer.recordings

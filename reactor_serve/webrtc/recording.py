@@ -29,9 +29,9 @@ one on this machine (`veryfast`: 9 and 23 ms; benchmarks/recording.py). Set
 Commands: every command the client sends (while something records) is logged with its
 arrival (wall clock, and the presentation clock at that instant, from which its time
 in each file follows) and whether it was accepted. The model validates commands in
-arrival order and answers only refusals (`commandError`), so a command is marked
-rejected by the first commandError naming it, and accepted once a later command's
-error came back, or after `ACCEPT_AFTER_S` with none.
+arrival order and answers only refusals (`commandError`, which names the command's
+id), so a command is marked rejected by the commandError naming it, and accepted once a
+later command's error came back, or after `ACCEPT_AFTER_S` with none.
 
 Files, per recording, under `<destination>/<model>/<session id>/<n>/` (clips under
 `.../clips/<n>/`): `video.mp4`, `commands.jsonl` (one JSON object per command),
@@ -339,15 +339,20 @@ class SessionRecordings:
 
     # ---- commands (media loop) ----------------------------------------------------------
 
-    def command(self, name: str, args: Any, error: dict[str, Any] | None = None) -> None:
+    def command(
+        self, name: str, args: Any, error: dict[str, Any] | None = None,
+        command_id: str | int | None = None,
+    ) -> None:
         """A command the client sent: on its way to the model (`error` None), or
-        refused before it (`error`: the commandError's data)."""
+        refused before it (`error`: the commandError's data). `command_id`: its id, which
+        a commandError from the model names."""
         if not self.enabled or self._closed:
             return
         self._seq += 1
         now = time.monotonic()
         record: dict[str, Any] = {
             "seq": self._seq,
+            "id": command_id,
             "name": name,
             "args": args if error is None else None,
             "wall": round(time.time(), 6),
@@ -367,10 +372,13 @@ class SessionRecordings:
             return
         name = data.get("command")
         waiting = [r for r in self._pending if r["accepted"] is None and r["name"] == name]
-        # Validation depends on the name and arguments only, so the error is the
-        # oldest waiting command's whose arguments hold the values it names (an
-        # earlier identical command would have had its own error already).
-        match = next((r for r in waiting if _holds(r["args"], data.get("errors"))), None)
+        # The error names its command's id (every command has one on its way in).
+        match = next((r for r in waiting if r["id"] is not None and r["id"] == data.get("id")), None)
+        if match is None:
+            # An error without an id: validation depends on the name and arguments
+            # only, so it is the oldest waiting command's whose arguments hold the
+            # values it names (an earlier identical command had its own error already).
+            match = next((r for r in waiting if _holds(r["args"], data.get("errors"))), None)
         if match is None and waiting:
             match = waiting[0]
         for index, record in enumerate(self._pending):
