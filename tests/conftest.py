@@ -234,3 +234,38 @@ def serve_examples(ray_serve):
     ]})
     yield url
     ray_serve.delete("web")
+
+
+class DevServer:
+    """`reactor run`'s app (create_app) on a thread of this process with its own loop,
+    for tests that need its objects or settings; `url` (also `base`)."""
+
+    def __init__(self, model_dir, **settings):
+        import threading
+
+        import uvicorn
+
+        from reactor_serve.webrtc.devserver import create_app
+
+        port = free_port()
+        self.url = self.base = f"http://127.0.0.1:{port}"
+        self.app = create_app(model_dir, settings_override={"loopback_candidates": True, **settings})
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("dev server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(30)

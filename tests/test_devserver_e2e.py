@@ -1,53 +1,23 @@
 """`reactor run`'s server end to end: HTTP signaling, WebRTC media and the Python client."""
 
 import asyncio
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from conftest import free_port
-import uvicorn
+from conftest import DevServer, free_port
 
 from reactor_serve.client import SessionRefused, connect
-from reactor_serve.webrtc.devserver import create_app
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 
-class _Server:
-    """A dev server on its own thread and loop, as `reactor run` would be."""
-
-    def __init__(self, model_dir, **settings):
-        port = free_port()
-        self.base = f"http://127.0.0.1:{port}"
-        app = create_app(model_dir, settings_override={"loopback_candidates": True, **settings})
-        self.app = app
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("dev server did not start")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(30)
-
-
 @pytest.fixture(scope="module")
 def gradient_server():
-    with _Server(EXAMPLES / "gradient") as server:
+    with DevServer(EXAMPLES / "gradient") as server:
         yield server
 
 
@@ -118,7 +88,7 @@ async def test_malformed_offer_is_a_400_and_the_session_survives(gradient_server
 async def test_webcam_model_transforms_the_camera():
     camera = np.zeros((120, 160, 3), np.uint8)
     camera[:, 80:] = 220
-    with _Server(EXAMPLES / "webcam_style") as server:
+    with DevServer(EXAMPLES / "webcam_style") as server:
         client = await connect(server.base, inputs={"camera": camera})
         try:
             plain = None
@@ -141,7 +111,7 @@ async def test_webcam_model_transforms_the_camera():
 
 
 async def test_audio_track_arrives_with_the_tone():
-    with _Server(EXAMPLES / "audio_tone") as server:
+    with DevServer(EXAMPLES / "audio_tone") as server:
         client = await connect(server.base)
         try:
             await client.next_frame()
@@ -160,7 +130,7 @@ async def test_audio_track_arrives_with_the_tone():
 
 
 async def test_legacy_block_model_over_webrtc():
-    with _Server(EXAMPLES / "legacy_blocks") as server:
+    with DevServer(EXAMPLES / "legacy_blocks") as server:
         client = await connect(server.base)
         try:
             frame = await client.next_frame()

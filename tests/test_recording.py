@@ -9,16 +9,14 @@ frame the recording holds at each timestamp and compare it with what the client 
 import asyncio
 import json
 import shutil
-import threading
 import time
 from pathlib import Path
 
 import av
 import numpy as np
 import pytest
-import uvicorn
 import yaml
-from conftest import free_port
+from conftest import DevServer
 
 from reactor_serve.client import connect
 from reactor_serve.client.session import RecordingRefused
@@ -91,33 +89,6 @@ async def frames_for(client, seconds):
         frame = await client.next_frame()
         seen.append((frame.pts, _read_stamp(frame.image)))
     return seen
-
-
-class _App:
-    """The dev server app on a thread of its own (what `reactor run` serves)."""
-
-    def __init__(self, directory):
-        from reactor_serve.webrtc.devserver import create_app
-
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(
-            create_app(directory, settings_override={"loopback_candidates": True}),
-            host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("dev server did not start")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(30)
 
 
 # ---- reactor run: a whole recording -------------------------------------------------------
@@ -199,7 +170,7 @@ async def test_recording_on_reactor_run_matches_what_the_client_saw(tmp_path, re
 
 
 async def test_start_stop_and_clip_on_request(tmp_path):
-    with _App(model_dir(tmp_path, clip_seconds=5)) as app:
+    with DevServer(model_dir(tmp_path, clip_seconds=5)) as app:
         client = await connect(app.url)
         try:
             await frames_for(client, 2.5)
@@ -238,7 +209,7 @@ async def test_start_stop_and_clip_on_request(tmp_path):
 
 
 async def test_limits_stop_the_recording_and_the_session_goes_on(tmp_path):
-    with _App(model_dir(tmp_path, max_seconds=1.0)) as app:
+    with DevServer(model_dir(tmp_path, max_seconds=1.0)) as app:
         client = await connect(app.url)
         try:
             mark = len(client.peer.messages)
@@ -260,7 +231,7 @@ async def test_limits_stop_the_recording_and_the_session_goes_on(tmp_path):
 
 
 async def test_max_bytes_stops_with_reason_limit(tmp_path):
-    with _App(model_dir(tmp_path, max_bytes=100_000, crf=0, preset="ultrafast")) as app:
+    with DevServer(model_dir(tmp_path, max_bytes=100_000, crf=0, preset="ultrafast")) as app:
         client = await connect(app.url)
         try:
             mark = len(client.peer.messages)
@@ -277,7 +248,7 @@ async def test_max_bytes_stops_with_reason_limit(tmp_path):
 async def test_unwritable_destination_is_reported_and_the_session_streams_on(tmp_path):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the recordings directory should be")
-    with _App(model_dir(tmp_path, destination=str(blocker / "recordings"))) as app:
+    with DevServer(model_dir(tmp_path, destination=str(blocker / "recordings"))) as app:
         client = await connect(app.url)
         try:
             with pytest.raises(RecordingRefused) as refused:
@@ -300,7 +271,7 @@ async def test_unwritable_destination_is_reported_and_the_session_streams_on(tmp
 
 async def test_a_model_that_did_not_opt_in_refuses_and_hostile_requests_get_errors(tmp_path):
     off = model_dir(tmp_path, enabled=False)
-    with _App(off) as app:
+    with DevServer(off) as app:
         client = await connect(app.url, extra_args={"record": True})
         try:
             error = await wait_message(client, "recordingError")
@@ -312,7 +283,7 @@ async def test_a_model_that_did_not_opt_in_refuses_and_hostile_requests_get_erro
         finally:
             await client.close()
     shutil.rmtree(tmp_path / "model")
-    with _App(model_dir(tmp_path, clip_seconds=3)) as app:
+    with DevServer(model_dir(tmp_path, clip_seconds=3)) as app:
         client = await connect(app.url, extra_args={"record": "yes please"})
         try:
             error = await wait_message(client, "recordingError")
@@ -340,7 +311,7 @@ async def test_fsspec_memory_destination_receives_the_files(tmp_path):
     import fsspec
 
     prefix = f"memory://recordings-{time.monotonic_ns()}"
-    with _App(model_dir(tmp_path, destination=prefix)) as app:
+    with DevServer(model_dir(tmp_path, destination=prefix)) as app:
         client = await connect(app.url)
         try:
             await client.start_recording()
@@ -364,7 +335,7 @@ async def test_fsspec_memory_destination_receives_the_files(tmp_path):
 
 
 async def test_the_session_ending_finalises_the_recording(tmp_path):
-    with _App(model_dir(tmp_path)) as app:
+    with DevServer(model_dir(tmp_path)) as app:
         client = await connect(app.url, extra_args={"record": True})
         try:
             started = await wait_message(client, "recordingStarted")
@@ -442,7 +413,7 @@ def test_settings_errors_name_the_field(tmp_path):
 
 async def test_disk_full_and_failed_uploads_stop_the_recording_not_the_session(tmp_path):
     destination = tmp_path / "recordings"
-    with _App(model_dir(tmp_path)) as app:
+    with DevServer(model_dir(tmp_path)) as app:
         client = await connect(app.url)
         try:
             # The first recording's file is /dev/full: every write fails with ENOSPC.
@@ -463,7 +434,7 @@ async def test_disk_full_and_failed_uploads_stop_the_recording_not_the_session(t
         finally:
             await client.close()
     shutil.rmtree(tmp_path / "model")
-    with _App(model_dir(tmp_path, destination="nosuchstore://bucket/prefix")) as app:
+    with DevServer(model_dir(tmp_path, destination="nosuchstore://bucket/prefix")) as app:
         client = await connect(app.url)
         try:
             await client.start_recording()

@@ -415,6 +415,16 @@ class ClientPeer:
         if self._channel is not None and self._channel.readyState == "open":
             self._channel.send(protocol.runtime(type_, data))
 
+    async def next_frame(self, track: str, timeout: float = 10.0) -> ReceivedVideo:
+        """The next video frame received on output `track` from now on."""
+        seen = self.video.get(track)
+        start = seen[-1].index + 1 if seen else 0
+        return await self.wait_for(
+            lambda: next((f for f in self.video.get(track, ()) if f.index >= start), None),
+            timeout,
+            f"video frame on {track!r}",
+        )
+
     async def next_message(
         self, type: str | None = None, *, scope: str | None = None, timeout: float = 10.0,
         after: int | None = None,

@@ -74,13 +74,7 @@ class ReactorViewer:
 
     async def next_frame(self, track: str | None = None, timeout: float = 10.0) -> ReceivedVideo:
         """The next video frame received on `track` (default: the first video output)."""
-        name = track or self._default_video()
-        seen = self.peer.video.get(name)
-        start = seen[-1].index + 1 if seen else 0
-        return await self.peer.wait_for(
-            lambda: next((f for f in self.peer.video.get(name, ()) if f.index >= start), None),
-            timeout, f"video frame on {name!r}",
-        )
+        return await self.peer.next_frame(track or self._default_video(), timeout)
 
     def frames(self, track: str | None = None) -> AsyncIterator[ReceivedVideo]:
         return self.peer.iter_video(track or self._default_video())
