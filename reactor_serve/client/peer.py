@@ -415,6 +415,13 @@ class ClientPeer:
         if self._channel is not None and self._channel.readyState == "open":
             self._channel.send(protocol.runtime(type_, data))
 
+    def default_video(self) -> str:
+        """The model's first output video track (what a client shows by default)."""
+        for track in self.tracks:
+            if track["direction"] == "recvonly" and track["kind"] == "video":
+                return track["name"]
+        raise LookupError("the model has no output video track")
+
     async def next_frame(self, track: str, timeout: float = 10.0) -> ReceivedVideo:
         """The next video frame received on output `track` from now on."""
         seen = self.video.get(track)

@@ -380,19 +380,13 @@ class ReactorClient:
     def output_tracks(self) -> list[str]:
         return [t["name"] for t in self.peer.tracks if t["direction"] == "recvonly"]
 
-    def _default_video(self) -> str:
-        for track in self.peer.tracks:
-            if track["direction"] == "recvonly" and track["kind"] == "video":
-                return track["name"]
-        raise LookupError("the model has no output video track")
-
     async def next_frame(self, track: str | None = None, timeout: float = 10.0) -> ReceivedVideo:
         """The next video frame received on `track` (default: the first video output)."""
-        return await self.peer.next_frame(track or self._default_video(), timeout)
+        return await self.peer.next_frame(track or self.peer.default_video(), timeout)
 
     def frames(self, track: str | None = None) -> AsyncIterator[ReceivedVideo]:
         """Every video frame received on `track` from now on (across reconnects)."""
-        return self.peer.iter_video(track or self._default_video())
+        return self.peer.iter_video(track or self.peer.default_video())
 
     def audio(self, track: str) -> list[ReceivedAudio]:
         """The audio frames received so far on `track` (the most recent few seconds)."""

@@ -66,18 +66,12 @@ class ReactorViewer:
         """The session's latest `stats` (the owner's too), `viewers` among them."""
         return self.peer.stats
 
-    def _default_video(self) -> str:
-        for track in self.peer.tracks:
-            if track["kind"] == "video":
-                return track["name"]
-        raise LookupError("the model has no output video track")
-
     async def next_frame(self, track: str | None = None, timeout: float = 10.0) -> ReceivedVideo:
         """The next video frame received on `track` (default: the first video output)."""
-        return await self.peer.next_frame(track or self._default_video(), timeout)
+        return await self.peer.next_frame(track or self.peer.default_video(), timeout)
 
     def frames(self, track: str | None = None) -> AsyncIterator[ReceivedVideo]:
-        return self.peer.iter_video(track or self._default_video())
+        return self.peer.iter_video(track or self.peer.default_video())
 
     async def next_message(
         self, type: str | None = None, *, scope: str | None = None, timeout: float = 10.0,
