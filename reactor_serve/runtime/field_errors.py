@@ -25,7 +25,22 @@ __all__ = [
     "has_lone_surrogate",
     "nesting_depth",
     "safe_text",
+    "validated_section",
 ]
+
+
+def validated_section(
+    model: type[Any], config: Any, key: str, error: type[Exception], source: str = "config"
+) -> Any:
+    """Section `key` of a model config validated into pydantic `model`; a missing or
+    empty section gives the defaults. Bad values raise `error`, naming the field."""
+    section = (config.get(key) if isinstance(config, dict) else None) or {}
+    if not isinstance(section, dict):
+        raise error(f"{source}: field '{key}' must be a mapping")
+    try:
+        return model.model_validate(section)
+    except ValidationError as exc:
+        raise error(f"{source}: {'; '.join(field_problems(exc, prefix=key))}") from None
 
 
 def field_problems(exc: ValidationError, prefix: str = "") -> list[str]:

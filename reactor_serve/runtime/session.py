@@ -133,7 +133,7 @@ class Session:
         self.commands_rejected = 0
         # Input-to-frame latency (runtime/input_latency.py): commands answered by a
         # frame sent to the client and not yet reported, by id; the reports.
-        self._answered: collections.OrderedDict[Any, float] = collections.OrderedDict()
+        self._answered: collections.OrderedDict[Any, None] = collections.OrderedDict()
         self._answered_lock = threading.Lock()
         self.input_latency = LatencyWindow()
 
@@ -187,7 +187,7 @@ class Session:
         if ticket.session_id != self.id:
             return  # carried over from a session before this one
         with self._answered_lock:
-            self._answered[ticket.id] = encoding_at
+            self._answered[ticket.id] = None
             while len(self._answered) > _ANSWERED_KEPT:
                 self._answered.popitem(last=False)
         self.send_runtime("inputFrame", {
@@ -208,8 +208,9 @@ class Session:
         if isinstance(command_id, bool) or not isinstance(command_id, (str, int)):
             return "id must be a string or an integer"
         with self._answered_lock:
-            if self._answered.pop(command_id, None) is None:
+            if command_id not in self._answered:
                 return "no answered command has this id (or it was reported already)"
+            del self._answered[command_id]
         self.input_latency.record(float(latency_ms))
         return None
 

@@ -183,20 +183,23 @@ def encode(scope: Scope, type_: str, data: Any) -> str:
     """One `"data"` channel frame. Raises ProtocolError for an unknown scope, a
     non-string type or data that is not JSON (NaN included: browsers' JSON.parse
     rejects it, so it must fail here, where the sender can see it)."""
-    if scope not in _SCOPES:
-        raise ProtocolError(f'unknown scope {scope!r}; expected "application" or "runtime"')
-    if not isinstance(type_, str) or not type_:
-        raise ProtocolError(f"message type must be a non-empty string, got {type_!r}")
-    return _dumps({"scope": scope, "data": {"type": type_, "data": data}})
+    return _dumps(_envelope(scope, type_, data))
 
 
 def command(name: str, data: dict[str, Any], command_id: str | int | None = None) -> str:
     """A client's command frame, with its id (ours) when it has one."""
-    if command_id is None:
-        return encode("application", name, data)
-    if not isinstance(name, str) or not name:
-        raise ProtocolError(f"command name must be a non-empty string, got {name!r}")
-    return _dumps({"scope": "application", "data": {"type": name, "data": data}, "id": command_id})
+    envelope = _envelope("application", name, data)
+    if command_id is not None:
+        envelope["id"] = command_id
+    return _dumps(envelope)
+
+
+def _envelope(scope: Any, type_: Any, data: Any) -> dict[str, Any]:
+    if scope not in _SCOPES:
+        raise ProtocolError(f'unknown scope {scope!r}; expected "application" or "runtime"')
+    if not isinstance(type_, str) or not type_:
+        raise ProtocolError(f"message type must be a non-empty string, got {type_!r}")
+    return {"scope": scope, "data": {"type": type_, "data": data}}
 
 
 def application(payload: dict[str, Any]) -> str:

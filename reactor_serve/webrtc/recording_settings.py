@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from reactor_serve.runtime.field_errors import field_problems
+from reactor_serve.runtime.field_errors import validated_section
 from reactor_serve.webrtc.settings import WebRTCSettingsError
 
 __all__ = ["RecordingSettings", "RecordingSettingsError"]
@@ -65,12 +65,4 @@ class RecordingSettings(BaseModel):
     @classmethod
     def from_config(cls, config: Any, source: str = "config") -> RecordingSettings:
         """The `recording` section of a model config; errors name the field."""
-        section = (config or {}).get("recording", {}) if isinstance(config, dict) else {}
-        section = section or {}
-        if not isinstance(section, dict):
-            raise RecordingSettingsError(f"{source}: field 'recording' must be a mapping")
-        try:
-            return cls.model_validate(section)
-        except ValidationError as exc:
-            problems = "; ".join(field_problems(exc, prefix="recording"))
-            raise RecordingSettingsError(f"{source}: {problems}") from None
+        return validated_section(cls, config, "recording", RecordingSettingsError, source)

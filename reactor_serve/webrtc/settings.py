@@ -28,12 +28,11 @@ import ipaddress
 import re
 from typing import Any, Literal
 
-from reactor_serve.runtime.field_errors import field_problems
+from reactor_serve.runtime.field_errors import validated_section
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -198,11 +197,4 @@ class WebRTCSettings(BaseModel):
     @classmethod
     def from_config(cls, config: dict[str, Any], source: str = "config") -> WebRTCSettings:
         """The `webrtc` section of a model config; errors name the field."""
-        section = config.get("webrtc", {}) or {}
-        if not isinstance(section, dict):
-            raise WebRTCSettingsError(f"{source}: field 'webrtc' must be a mapping")
-        try:
-            return cls.model_validate(section)
-        except ValidationError as exc:
-            problems = "; ".join(field_problems(exc, prefix="webrtc"))
-            raise WebRTCSettingsError(f"{source}: {problems}") from None
+        return validated_section(cls, config, "webrtc", WebRTCSettingsError, source)
