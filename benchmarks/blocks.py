@@ -50,14 +50,14 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 import yaml
+from _local import cpu_seconds, reactor_run_of, stop_process
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 from av import VideoFrame
-from _local import cpu_seconds, reactor_run_of, stop_process
 
 from reactor_serve.client import connect
 from reactor_serve.client.peer import ClientPeer, ReceivedVideo
-from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
+from reactor_serve.rtc.host_candidates import HostCandidatePolicy
 
 MODEL = Path(__file__).parent / "models" / "blocks"
 WARMUP_S = 2.0

@@ -24,9 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from _local import cpu_seconds, reactor_run_of
-
 import numpy as np
+from _local import cpu_seconds, reactor_run_of
 
 from reactor_serve.client import connect
 from reactor_serve.client.peer import ReceivedVideo

@@ -133,7 +133,9 @@ async def world_case(block_size: int, drop: bool, seconds: float) -> dict[str, A
 
 
 async def prompt_case(drop: bool, seconds: float) -> dict[str, Any]:
-    from models.prompt_blocks.pipeline import read_generation  # the benchmark's own model
+    from models.prompt_blocks.pipeline import (
+        read_generation,  # the benchmark's own model
+    )
 
     config = {"block_size": 12, "speed": 1.5, "width": 512, "height": 384, "webrtc": {"codec": "vp8"}}
     # The independent measure: when the first frame stamped with each new generation

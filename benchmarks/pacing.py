@@ -76,10 +76,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from reactor_serve.runtime.driver import LocalClient, ReceivedFrame
-from reactor_serve.runtime.model_process import ModelProcess, hosted_model
 from _local import cpu_seconds, model_copy_of
+
+from reactor_serve.runtime.isolation.model_process import ModelProcess, hosted_model
+from reactor_serve.runtime.local_client import LocalClient, ReceivedFrame
 
 MODEL = Path(__file__).parent / "models" / "pacing_blocks"
 BLOCK = 12

@@ -18,10 +18,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from reactor_serve.interface.tracks import Audio, Video
-from reactor_serve.interface.tracks import TrackDecl
-from reactor_serve.runtime.emission_clock import PresentedFrame
-from reactor_serve.webrtc.recording import SessionRecordings
+from reactor_serve.interface.tracks import Audio, TrackDecl, Video
+from reactor_serve.runtime.pacing.emission_clock import PresentedFrame
+from reactor_serve.sessions.recording.recorder import SessionRecordings
 
 FRAMES = 150
 FPS = 30.0

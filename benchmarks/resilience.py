@@ -40,7 +40,6 @@ import contextlib
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,6 @@ from typing import Any, Callable
 
 import httpx
 import yaml
-
 from _local import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -487,7 +485,7 @@ async def serve_part(rounds: int, out: dict[str, Any]) -> None:
     from ray import serve
 
     from reactor_serve.serve.app import build_app
-    from reactor_serve.webrtc.backend import mask_session_id
+    from reactor_serve.sessions.contract import mask_session_id
 
     port = free_port()
     log("Serve: starting a local Ray")

@@ -25,9 +25,9 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from _local import free_port
-from typing import Any
 
 ROOT = Path(__file__).parent.parent
 GRADIENT = ROOT / "examples" / "gradient"
@@ -65,7 +65,7 @@ async def _wait_replicas(app: str, deployment: str, count: int, timeout: float =
 async def _devserver_signaling(rounds: int) -> list[float]:
     import uvicorn
 
-    from reactor_serve.webrtc.devserver import create_app
+    from reactor_serve.local.app import create_app
 
     port = free_port()
     app = create_app(GRADIENT, settings_override={"loopback_candidates": True})

@@ -4,7 +4,7 @@ Runs `reactor run` (a separate process) on the stamped model, connects an owner 
 N viewers with the Python client, and measures the server process's CPU time per
 presented frame (pacing, RGB->YUV, encoding, RTP; the model runs in a process of its
 own and is not counted) for N = 0, 1, 2 and 4 viewers. The owner has its own adaptive
-encoder; all viewers share one encode per codec (webrtc/shared_encoding.py), so the
+encoder; all viewers share one encode per codec (sessions/viewers/shared_encoder.py), so the
 first viewer adds one encode and each further viewer only packetizing and sending:
 
   cpu_ms_per_frame[N]        server CPU per frame with N viewers

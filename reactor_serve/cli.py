@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from reactor_serve.runtime.manifest import ManifestError
-from reactor_serve.runtime.model_spec import ModelSpecError
+from reactor_serve.runtime.loading.manifest import ManifestError
+from reactor_serve.runtime.loading.model_spec import ModelSpecError
 from reactor_serve.scaffold import init_model
 
 __all__ = ["main"]
@@ -83,9 +83,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    from reactor_serve.runtime.driver import LocalClient
     from reactor_serve.runtime.host import ModelLoadError
-    from reactor_serve.runtime.model_process import hosted_model
+    from reactor_serve.runtime.isolation.model_process import hosted_model
+    from reactor_serve.runtime.local_client import LocalClient
 
     host = hosted_model(args.path, args.in_process or None)
     spec = host.spec
@@ -146,7 +146,7 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         help="serve a model over WebRTC on this machine",
         description=(
             "Load the model in PATH and serve it to browsers and Reactor clients "
-            "(PROTOCOL.md's session API at the root of http://HOST:PORT/), one "
+            "(the session API of docs/protocol.md at the root of http://HOST:PORT/), one "
             "session at a time."
         ),
     )
@@ -179,10 +179,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from reactor_serve.local.app import create_app
+    from reactor_serve.rtc.host_candidates import is_loopback_host
+    from reactor_serve.rtc.settings import WebRTCSettingsError
     from reactor_serve.runtime.host import ModelLoadError
-    from reactor_serve.webrtc.devserver import create_app
-    from reactor_serve.webrtc.host_candidates import is_loopback_host
-    from reactor_serve.webrtc.settings import WebRTCSettingsError
 
     # A browser on this machine reaches a loopback server through 127.0.0.1, which
     # aioice leaves out of its candidates unless told otherwise.

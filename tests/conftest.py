@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from reactor_serve.runtime.driver import LocalClient
 from reactor_serve.runtime.host import ModelHost
+from reactor_serve.runtime.local_client import LocalClient
 
 
 @pytest.fixture
@@ -245,7 +245,7 @@ class DevServer:
 
         import uvicorn
 
-        from reactor_serve.webrtc.devserver import create_app
+        from reactor_serve.local.app import create_app
 
         port = free_port()
         self.url = self.base = f"http://127.0.0.1:{port}"

@@ -19,7 +19,7 @@ import yaml
 from aioice import turn
 from aioice.stun import TransactionFailed
 
-from reactor_serve.webrtc.turn_credentials import mint_turn_credentials
+from reactor_serve.rtc.turn_credentials import mint_turn_credentials
 
 COTURN = "/usr/bin/turnserver"
 GRADIENT = Path(__file__).parent.parent / "examples" / "gradient"

@@ -1,7 +1,7 @@
 """The Python client survives a lost transport and always says why its session ended.
 
 Against real `reactor run` subprocesses (and one Serve replica), over loopback WebRTC.
-The server side these rely on (PROTOCOL.md, "Reconnect"): a session whose transport is
+The server side these rely on (docs/protocol.md, "Reconnect"): a session whose transport is
 lost without `stop_session` stays `orphaned` for its reconnect grace and a new offer
 resumes it; `GET /session?session_id=` answers an ended session with `state: "ended"`,
 `end_reason` and `end_message`.

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from local_cluster import LocalCluster, write_project
+
 from reactor_serve.client.session import connect
 
 WHERE_MODEL = Path(__file__).parent / "serve_models" / "where"

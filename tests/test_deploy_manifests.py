@@ -17,14 +17,13 @@ import jsonschema
 import pytest
 import yaml
 from aioice.stun import TransactionFailed
-
-from reactor_serve.runtime.manifest import load_manifest
-from reactor_serve.serve.config import AppArgs
-from reactor_serve.webrtc.node_network import NODE_ENVIRONMENT, with_node_network
-from reactor_serve.webrtc.settings import WebRTCSettings
-from reactor_serve.webrtc.turn_credentials import mint_turn_credentials
-
 from coturn_server import Coturn
+
+from reactor_serve.rtc.node_network import NODE_ENVIRONMENT, with_node_network
+from reactor_serve.rtc.settings import WebRTCSettings
+from reactor_serve.rtc.turn_credentials import mint_turn_credentials
+from reactor_serve.runtime.loading.manifest import load_manifest
+from reactor_serve.serve.config import AppArgs
 
 ROOT = Path(__file__).parent.parent
 RAYSERVICE = ROOT / "deployments/kuberay/rayservice.yaml"

@@ -1,7 +1,6 @@
 """`reactor run`'s server end to end: HTTP signaling, WebRTC media and the Python client."""
 
 import asyncio
-import time
 from pathlib import Path
 
 import httpx

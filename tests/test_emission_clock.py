@@ -1,4 +1,4 @@
-"""Tests for reactor_serve.runtime.emission_clock.EmissionClock, in simulated time.
+"""Tests for reactor_serve.runtime.pacing.emission_clock.EmissionClock, in simulated time.
 
 The clock and the buffer share an injected time source. A small discrete-event
 simulation plays the producer (the model's emits: `record_emit`, `put_nowait`, and
@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 from reactor_serve.interface.tracks import Audio, TrackDecl, Video
-from reactor_serve.runtime.emission_clock import (
+from reactor_serve.runtime.pacing.emission_clock import (
     AUDIO_CLOCK_RATE,
     VIDEO_CLOCK_RATE,
     EmissionClock,
     PresentedFrame,
 )
-from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer
+from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
 
 VIDEO = [TrackDecl("main_video", "video", Video)]
 

@@ -19,7 +19,7 @@ from reactor_serve.interface import (
     event,
 )
 from reactor_serve.interface.events import event_decl
-from reactor_serve.runtime.model_spec import ModelSpecError, inspect_model
+from reactor_serve.runtime.loading.model_spec import ModelSpecError, inspect_model
 
 
 class StyleModel(ReactorModel):

@@ -10,7 +10,7 @@ import pytest
 from conftest import connected
 from test_examples_run import Recorder as BaseRecorder
 
-from reactor_serve.runtime.manifest import load_manifest
+from reactor_serve.runtime.loading.manifest import load_manifest
 
 WORLD = Path(__file__).parent.parent / "examples" / "world"
 # The example's own config (block_size 4) at a small size, so the test runs quickly.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import connected
 
-from reactor_serve.runtime.driver import LocalClient, ReceivedFrame
+from reactor_serve.runtime.local_client import LocalClient, ReceivedFrame
 from reactor_serve.scaffold import init_model
 
 EXAMPLES = Path(__file__).parent.parent / "examples"

@@ -14,10 +14,14 @@ from multiprocessing.connection import Connection
 import numpy as np
 import pytest
 
-from reactor_serve.runtime.forwarded_output import ForwardedOutput
-from reactor_serve.runtime.frame_ring import FrameReader
-from reactor_serve.runtime.output_buffer import FrameItem
-from reactor_serve.runtime.process_channel import ChannelClosed, ProcessChannel, channel_pair
+from reactor_serve.runtime.isolation.forwarded_output import ForwardedOutput
+from reactor_serve.runtime.isolation.frame_ring import FrameReader
+from reactor_serve.runtime.isolation.process_channel import (
+    ChannelClosed,
+    ProcessChannel,
+    channel_pair,
+)
+from reactor_serve.runtime.pacing.output_buffer import FrameItem
 
 SHAPE = (16, 16, 3)  # one page per slot
 CAPACITY = 2  # + SPARE_SLOTS: 6 slots

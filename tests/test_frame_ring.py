@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reactor_serve.runtime.frame_ring import (
+from reactor_serve.runtime.isolation.frame_ring import (
     FrameReader,
     FrameWriter,
     RingAnnouncement,
@@ -192,7 +192,7 @@ _CHILD = r"""
 import sys
 import numpy as np
 from multiprocessing.connection import Connection
-from reactor_serve.runtime.frame_ring import FrameWriter, send_announcement
+from reactor_serve.runtime.isolation.frame_ring import FrameWriter, send_announcement
 
 conn = Connection(int(sys.argv[1]))
 writer = FrameWriter(sys.argv[2], slots=int(sys.argv[3]), max_bytes=int(sys.argv[4]))
@@ -515,7 +515,7 @@ _CHILD_READER = r"""
 import gc
 import sys
 from multiprocessing.connection import Connection
-from reactor_serve.runtime.frame_ring import FrameReader, RingAnnouncement, receive_announcement
+from reactor_serve.runtime.isolation.frame_ring import FrameReader, RingAnnouncement, receive_announcement
 
 conn = Connection(int(sys.argv[1]))
 reader = FrameReader()

@@ -8,8 +8,8 @@ import torch
 
 from reactor_serve.interface import Audio, Output, Video
 from reactor_serve.interface.tracks import declared_tracks
-from reactor_serve.runtime.frames import FrameError, audio_chunk, video_batch
-from reactor_serve.runtime.output_splitter import OutputSplitter
+from reactor_serve.runtime.pacing.frames import FrameError, audio_chunk, video_batch
+from reactor_serve.runtime.pacing.output_splitter import OutputSplitter
 
 EXPECTED_VIDEO = "(H, W, 3) or (N, H, W, 3)"
 

@@ -22,12 +22,13 @@ import pytest
 from aiortc.rtcsctptransport import WEBRTC_STRING
 
 from reactor_serve.client.peer import ClientPeer
+from reactor_serve.protocol import model_documents
+from reactor_serve.protocol.channel_codec import MAX_DEPTH, MAX_PARSE_DEPTH
+from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.scaffold import init_model
-from reactor_serve.webrtc import data_channel, schema
-from reactor_serve.webrtc.data_channel import COMMAND_BURST
-from reactor_serve.webrtc.peer import PeerSession
-from reactor_serve.webrtc.protocol import MAX_DEPTH, MAX_PARSE_DEPTH
-from reactor_serve.webrtc.settings import WebRTCSettings
+from reactor_serve.sessions import inbound_channel
+from reactor_serve.sessions.inbound_channel import COMMAND_BURST
+from reactor_serve.sessions.peer_session import PeerSession
 
 ANY = object()
 DEPTH_RULE = f"max_depth={MAX_DEPTH}"
@@ -332,7 +333,7 @@ class Live:
 async def live(host_of, gradient_dir):
     host = host_of(gradient_dir)
     peer = PeerSession(host, WebRTCSettings(loopback_candidates=True))
-    client = ClientPeer(schema.capabilities(host.spec))
+    client = ClientPeer(model_documents.capabilities(host.spec))
     await client.connect(peer.answer)
     # A "control" channel as newer clients open; over the established SCTP association
     # it needs no renegotiation.
@@ -427,7 +428,7 @@ async def test_the_corpus_is_what_it_says():
 @pytest.mark.parametrize("batch", list(BATCHES))
 async def test_a_batch_of_hostile_frames_leaves_the_session_streaming(live, batch):
     cases = BATCHES[batch]
-    handler = data_channel.handler_of(live.peer)
+    handler = live.peer.inbound
     before = (handler.counters.ignored, handler.counters.rejected, handler.counters.faults)
     ignored_before = live.peer.ignored_frames
     mark, control_mark = len(live.client.messages), len(live.control_replies)
@@ -480,7 +481,7 @@ async def test_a_batch_of_hostile_frames_leaves_the_session_streaming(live, batc
 async def test_all_batches_back_to_back_on_one_session(live):
     # The same corpus without pauses between batches: state that one hostile frame
     # leaves behind must not trip the next.
-    handler = data_channel.handler_of(live.peer)
+    handler = live.peer.inbound
     mark = len(live.client.messages)
     for case in CORPUS:
         _send(live, case)
@@ -493,7 +494,7 @@ async def test_all_batches_back_to_back_on_one_session(live):
 
 
 async def test_a_command_flood_is_limited_with_one_error_and_the_session_goes_on(live):
-    handler = data_channel.handler_of(live.peer)
+    handler = live.peer.inbound
     mark = len(live.client.messages)
     for i in range(FLOOD):
         live.client.send_command("set_brightness", {"brightness": (i % 200) / 100})

@@ -2,7 +2,7 @@
 corpus of hostile requests, and every answer must be a 4xx (or a success), never a
 5xx; afterwards a normal client still starts a session and receives video.
 
-The app is `create_app("examples/gradient")` with the real LocalBackend, served
+The app is `create_app("examples/gradient")` with the real SingleSessionBackend, served
 in-process through httpx's ASGITransport (the WebRTC of the final check runs over
 loopback UDP as usual).
 
@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from reactor_serve.webrtc.devserver import create_app
+from reactor_serve.local.app import create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 GRADIENT = ROOT / "examples" / "gradient"

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from conftest import free_port
 
 from reactor_serve.serve.grafana_dashboard import (
     DASHBOARD_FILE_NAME,
@@ -31,8 +32,6 @@ from reactor_serve.serve.grafana_dashboard import (
     install_dashboard,
 )
 from reactor_serve.serve.metrics import METRIC_NAMES
-
-from conftest import free_port
 
 ROOT = Path(__file__).parent.parent
 RAY = Path(__import__("ray").__file__).parent

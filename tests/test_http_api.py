@@ -1,10 +1,9 @@
-"""The session HTTP API (PROTOCOL.md): its HTTP shape over a small in-test backend
+"""The session HTTP API (docs/protocol.md): its HTTP shape over a small in-test backend
 implementing `SessionBackend` (no WebRTC), then `reactor run`'s app with the real
-LocalBackend."""
+SingleSessionBackend."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -14,20 +13,21 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from reactor_serve.runtime.manifest import load_manifest
-from reactor_serve.runtime.model_spec import inspect_model
-from reactor_serve.webrtc.backend import (
-    AnswerPending,
-    BackendError,
-    ClientIdentity,
+from reactor_serve.http_api.pages import asset_routes
+from reactor_serve.http_api.routes import (
+    add_session_middleware,
+    session_app,
+    session_routes,
+)
+from reactor_serve.protocol.errors import (
     ModelBusy,
     ModelUnavailable,
     OfferRejected,
-    SessionInfo,
     UnknownSession,
 )
-from reactor_serve.webrtc.session_routes import add_session_middleware, session_app, session_routes
-from reactor_serve.webrtc.web_page import asset_routes
+from reactor_serve.runtime.loading.manifest import load_manifest
+from reactor_serve.runtime.loading.model_spec import inspect_model
+from reactor_serve.sessions.contract import AnswerPending, ClientIdentity, SessionInfo
 
 MODELS = Path(__file__).parent / "reference_models"
 GENERATOR = MODELS / "generator"
@@ -215,7 +215,7 @@ def detail(r: httpx.Response) -> str:
 
 
 def check_descriptor(d: dict[str, Any]) -> None:
-    """The checks the JS client makes before connect() succeeds (PROTOCOL.md)."""
+    """The checks the JS client makes before connect() succeeds (docs/protocol.md)."""
     for key in ("session_id", "state", "cluster"):
         assert isinstance(d[key], str), key
     assert isinstance(d["model"]["name"], str)
@@ -855,7 +855,7 @@ async def test_behind_a_root_path(fake):
 
 
 async def test_create_app_serves_the_protocol_with_the_real_backend():
-    from reactor_serve.webrtc.devserver import create_app
+    from reactor_serve.local.app import create_app
 
     app = create_app(GENERATOR, settings_override={"loopback_candidates": True})
     async with app.router.lifespan_context(app):
@@ -892,7 +892,7 @@ async def test_create_app_serves_the_protocol_with_the_real_backend():
 
 
 async def test_create_app_token_guards_the_index_and_docs():
-    from reactor_serve.webrtc.devserver import create_app
+    from reactor_serve.local.app import create_app
 
     app = create_app(GENERATOR, auth_token="tok")
     async with app.router.lifespan_context(app):

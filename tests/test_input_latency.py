@@ -20,10 +20,14 @@ import pytest
 
 from reactor_serve.client import connect
 from reactor_serve.client.input_latency import InputLatencyTracker
-from reactor_serve.runtime.emission_clock import PresentedFrame
-from reactor_serve.webrtc.media import PacedVideoTrack
-from reactor_serve.runtime.input_latency import CommandTicket, FrameAnswer, LatencyWindow
-from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer
+from reactor_serve.runtime.input_latency import (
+    CommandTicket,
+    FrameAnswer,
+    LatencyWindow,
+)
+from reactor_serve.runtime.pacing.emission_clock import PresentedFrame
+from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
+from reactor_serve.sessions.media_tracks import PacedVideoTrack
 
 MODELS = Path(__file__).parent / "latency_models"
 FRAME_MS = 1000.0 / 24

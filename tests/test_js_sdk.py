@@ -1,6 +1,6 @@
 """The official Reactor JS SDK, unchanged, against our servers in headless Chromium.
 
-tests/js_sdk/ pins npm `@reactor-team/js-sdk` 2.9.0 (see PROTOCOL.md: the contract).
+tests/js_sdk/ pins npm `@reactor-team/js-sdk` 2.9.0 (see docs/protocol.md: the contract).
 Its page, sdk_page.js, is bundled with esbuild at test time and served from its own
 origin, so the SDK's cross-origin requests to the model server go through real CORS.
 """

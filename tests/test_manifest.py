@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from reactor_serve.runtime.manifest import Manifest, ManifestError, load_manifest
+from reactor_serve.runtime.loading.manifest import (
+    Manifest,
+    ManifestError,
+    load_manifest,
+)
 
 
 @pytest.fixture(autouse=True)

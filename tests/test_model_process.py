@@ -16,10 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import connected
+
 from reactor_serve.runtime.host import ModelLoadError
-from reactor_serve.runtime.model_process import ModelProcess, describe_exit, hosted_model
+from reactor_serve.runtime.isolation.model_process import (
+    ModelProcess,
+    describe_exit,
+    hosted_model,
+)
 
 MODELS = Path(__file__).parent / "process_models"
 REFERENCE = Path(__file__).parent / "reference_models"
@@ -248,7 +252,7 @@ def test_the_model_process_dies_with_a_killed_replica_and_leaves_no_shared_memor
         import asyncio, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from conftest import connected
-        from reactor_serve.runtime.model_process import ModelProcess
+        from reactor_serve.runtime.isolation.model_process import ModelProcess
         model = ModelProcess({str(model_dir)!r})
         model.start(timeout=60)
         async def main():

@@ -15,12 +15,16 @@ from reactor_serve.interface import (
     Output,
     ReactorModel,
     Video,
-    connected as on_connect,
-    disconnected as on_disconnect,
     event,
     get_ctx,
 )
-from reactor_serve.runtime.driver import LocalClient
+from reactor_serve.interface import (
+    connected as on_connect,
+)
+from reactor_serve.interface import (
+    disconnected as on_disconnect,
+)
+from reactor_serve.runtime.local_client import LocalClient
 
 
 @dataclass

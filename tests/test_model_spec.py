@@ -7,9 +7,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from reactor_serve.interface import Input, ReactorModel, ReactorPipeline, Video, VideoModel
+from reactor_serve.interface import (
+    Input,
+    ReactorModel,
+    ReactorPipeline,
+    Video,
+    VideoModel,
+)
 from reactor_serve.interface.legacy import model
-from reactor_serve.runtime.model_spec import ModelSpecError, inspect_model
+from reactor_serve.runtime.loading.model_spec import ModelSpecError, inspect_model
 
 HEADER = """\
 from __future__ import annotations

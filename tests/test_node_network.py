@@ -12,8 +12,7 @@ import httpx
 import pytest
 from aioice.stun import TransactionFailed
 from aiortc import RTCConfiguration, RTCPeerConnection
-from coturn_server import TURN_SECRET, free_udp_range
-from coturn_server import coturn, relay_model  # noqa: F401 (fixtures)
+from coturn_server import TURN_SECRET, coturn, free_udp_range, relay_model  # noqa: F401 (fixtures)
 
 from reactor_serve.client import connect
 from reactor_serve.client.peer import ClientPeer
@@ -23,9 +22,9 @@ from reactor_serve.client.session import (
     offer_signal,
     start_session,
 )
-from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
-from reactor_serve.webrtc.settings import WebRTCSettings
-from reactor_serve.webrtc.turn_credentials import mint_turn_credentials
+from reactor_serve.rtc.host_candidates import HostCandidatePolicy
+from reactor_serve.rtc.settings import WebRTCSettings
+from reactor_serve.rtc.turn_credentials import mint_turn_credentials
 
 pytestmark = pytest.mark.timeout(240)
 

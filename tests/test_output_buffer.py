@@ -1,4 +1,4 @@
-"""Tests for reactor_serve.runtime.output_buffer.OutputBuffer.
+"""Tests for reactor_serve.runtime.pacing.output_buffer.OutputBuffer.
 
 Pacing state is checked with a simulated clock. The cross-thread tests (a producer
 waiting for space while a consumer on another thread takes) wait with generous
@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer
+from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
 
 WAIT = 10.0  # generous: only a broken wakeup takes anywhere near this long
 

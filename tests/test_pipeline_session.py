@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 from conftest import connected
 
-from reactor_serve.runtime.driver import LocalClient
-
 from reactor_serve.interface import (
     BufferClosed,
     Idle,
@@ -21,10 +19,15 @@ from reactor_serve.interface import (
     Output,
     ReactorPipeline,
     Video,
-    connected as on_connect,
-    disconnected as on_disconnect,
     event,
 )
+from reactor_serve.interface import (
+    connected as on_connect,
+)
+from reactor_serve.interface import (
+    disconnected as on_disconnect,
+)
+from reactor_serve.runtime.local_client import LocalClient
 
 
 @dataclass
@@ -373,7 +376,7 @@ async def test_wrong_frame_shape_ends_session_with_error_naming_it(host_of):
 
 
 def LocalClientFor(host):
-    from reactor_serve.runtime.driver import LocalClient
+    from reactor_serve.runtime.local_client import LocalClient
 
     return LocalClient(host)
 

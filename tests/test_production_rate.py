@@ -1,4 +1,4 @@
-"""Tests for reactor_serve.runtime.production_rate.ProductionRate.
+"""Tests for reactor_serve.runtime.pacing.production_rate.ProductionRate.
 
 All times are simulated: the estimator only ever sees the `now` values passed in.
 """
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from reactor_serve.runtime.production_rate import ProductionRate
+from reactor_serve.runtime.pacing.production_rate import ProductionRate
 
 
 def _emit(rate: ProductionRate, called: float, frames: int, returned: float | None = None,

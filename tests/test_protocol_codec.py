@@ -1,10 +1,10 @@
-"""The data-channel codec of PROTOCOL.md: "data" envelopes and "control" messages."""
+"""The data-channel codec of docs/protocol.md: "data" envelopes and "control" messages."""
 
 import json
 
 import pytest
 
-from reactor_serve.webrtc.protocol import (
+from reactor_serve.protocol.channel_codec import (
     MAX_MESSAGE_BYTES,
     Inbound,
     ProtocolError,
@@ -246,18 +246,15 @@ def test_control_response_error_keeps_id_type():
 import math  # noqa: E402
 import random  # noqa: E402
 
+from reactor_serve.protocol.channel_codec import MAX_PARSE_DEPTH, BadCommand  # noqa: E402
 from reactor_serve.runtime.field_errors import (  # noqa: E402
     MAX_DEPTH,
     Unrepresentable,
     command_error,
     describe_value,
 )
-from reactor_serve.webrtc.data_channel import (  # noqa: E402
-    InboundHandler,
-    LogThrottle,
-    TokenBucket,
-)
-from reactor_serve.webrtc.protocol import MAX_PARSE_DEPTH, BadCommand  # noqa: E402
+from reactor_serve.runtime.log_throttle import LogThrottle  # noqa: E402
+from reactor_serve.sessions.inbound_channel import InboundHandler, TokenBucket  # noqa: E402
 
 
 def command(args_json, name="set_x"):

@@ -1,4 +1,4 @@
-"""Session recordings (webrtc/recording.py) end to end: `reactor run` or the dev server
+"""Session recordings (sessions/recording/recorder.py) end to end: `reactor run` or the dev server
 app, the Python client, and the files read back with PyAV.
 
 The model (tests/recording_models/stamped_av) stamps each frame's number into it as
@@ -383,10 +383,13 @@ async def test_recording_on_a_serve_replica(ray_serve, tmp_path):
 
 
 def test_settings_errors_name_the_field(tmp_path):
+    from reactor_serve.local.app import create_app
+    from reactor_serve.rtc.settings import WebRTCSettingsError
     from reactor_serve.serve.config import ModelEntry
-    from reactor_serve.webrtc.devserver import create_app
-    from reactor_serve.webrtc.recording_settings import RecordingSettings, RecordingSettingsError
-    from reactor_serve.webrtc.settings import WebRTCSettingsError
+    from reactor_serve.sessions.recording.settings import (
+        RecordingSettings,
+        RecordingSettingsError,
+    )
 
     assert RecordingSettings.from_config({}).enabled is False
     for section, field in [({"max_seconds": -1}, "recording.max_seconds"),

@@ -9,7 +9,7 @@ import pytest
 from conftest import connected
 
 from reactor_serve.interface import get_ctx
-from reactor_serve.runtime.driver import LocalClient
+from reactor_serve.runtime.local_client import LocalClient
 
 MODELS = Path(__file__).parent / "reference_models"
 

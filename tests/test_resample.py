@@ -1,4 +1,4 @@
-"""Tests for reactor_serve.runtime.resample.AudioResampler (over PyAV's libswresample):
+"""Tests for reactor_serve.runtime.pacing.resample.AudioResampler (over PyAV's libswresample):
 the length of what comes out, continuity across chunks, frequency and timing kept."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reactor_serve.runtime.resample import AudioResampler
+from reactor_serve.runtime.pacing.resample import AudioResampler
 
 TARGET = 48000
 AMPLITUDE = 10000.0

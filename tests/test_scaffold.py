@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from reactor_serve.cli import main
-from reactor_serve.runtime.manifest import load_manifest
+from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.scaffold import init_model
 
 

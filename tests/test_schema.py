@@ -11,14 +11,14 @@ from typing import Any, Optional
 import pytest
 
 from reactor_serve.interface.state import FieldSpec
-from reactor_serve.runtime.model_spec import inspect_model
-from reactor_serve.webrtc.schema import (
+from reactor_serve.protocol.model_documents import (
     capabilities,
     command_param_schema,
     message_classes,
     model_schema,
     session_descriptor,
 )
+from reactor_serve.runtime.loading.model_spec import inspect_model
 
 HEADER = """\
 from __future__ import annotations
@@ -434,7 +434,7 @@ def test_webhooks_from_an_explicit_list(knobs, make_module):
 
 def js_client_problems(doc):
     """The checks @reactor-team/js-sdk 2.9.0 makes on a start_session response
-    (PROTOCOL.md, HTTP flow step 1); returns what it would reject."""
+    (docs/protocol.md, HTTP flow step 1); returns what it would reject."""
     problems = []
 
     def is_str(v):

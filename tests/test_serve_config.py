@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from reactor_serve.rtc.settings import IceServer, WebRTCSettingsError
 from reactor_serve.runtime.field_errors import field_problems
 from reactor_serve.serve.config import (
     BASE_DIR,
@@ -16,7 +17,6 @@ from reactor_serve.serve.config import (
     ModelEntry,
     model_deployment_options,
 )
-from reactor_serve.webrtc.settings import IceServer, WebRTCSettingsError
 
 
 def _problems(data: dict, **kwargs) -> str:

@@ -6,6 +6,7 @@ import math
 import warnings
 
 import pytest
+from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
 
 from reactor_serve.serve.config import ModelEntry, model_deployment_options
 from reactor_serve.serve.policy import (
@@ -14,8 +15,6 @@ from reactor_serve.serve.policy import (
     session_autoscaling_policy,
     target_replicas,
 )
-
-from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
 
 
 def _target(sessions: float, *, spares: int = 1, slots: int = 1, lo: int = 0, hi: int = 10) -> int:

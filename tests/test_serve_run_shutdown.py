@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from conftest import free_port
 
 from reactor_serve.client import connect
-from conftest import free_port
 
 ROOT = Path(__file__).parent.parent
 

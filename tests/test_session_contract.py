@@ -1,4 +1,4 @@
-"""The `SessionBackend` contract (webrtc/backend.py, PROTOCOL.md) as seen by clients,
+"""The `SessionBackend` contract (sessions/contract.py, docs/protocol.md) as seen by clients,
 against both real servers: `reactor run` (a subprocess) and the Ray Serve ingress.
 
 Every case runs once per server and asserts the same behaviour over real HTTP and real
@@ -24,7 +24,7 @@ from conftest import ReactorRun
 
 from reactor_serve.client import ClientState, connect
 from reactor_serve.client.peer import ClientPeer
-from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
+from reactor_serve.rtc.host_candidates import HostCandidatePolicy
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -180,7 +180,7 @@ async def poll_answer(http, url: str, connection_id: int, statuses: list | None 
 
 
 def flat_signal(http, server: Server, sid: str, method: str = "POST", statuses: list | None = None):
-    """PROTOCOL.md's flat flow: POST (or PUT, a reconnect) the offer, poll the answer."""
+    """docs/protocol.md's flat flow: POST (or PUT, a reconnect) the offer, poll the answer."""
     url = f"{transport(server, sid)}/sdp_params"
 
     async def signal(sdp_offer, track_mapping):

@@ -1,6 +1,6 @@
 """A session's life on one host: created -> waiting -> streaming -> orphaned -> ended.
 
-PeerSession and LocalBackend over real aiortc peers on 127.0.0.1, plus the runtime's
+PeerSession and SingleSessionBackend over real aiortc peers on 127.0.0.1, plus the runtime's
 side (input buffers per session, the bounded command queue). Grace windows are short
 (1 to 2 s) to keep the tests quick; nothing here asserts a speed.
 """
@@ -25,25 +25,24 @@ from reactor_serve.interface import (
     ReactorPipeline,
     Video,
     VideoModel,
-    connected as on_connect,
-    disconnected as on_disconnect,
     event,
     get_ctx,
 )
+from reactor_serve.interface import (
+    connected as on_connect,
+)
+from reactor_serve.interface import (
+    disconnected as on_disconnect,
+)
+from reactor_serve.local.app import create_app
+from reactor_serve.protocol import model_documents
+from reactor_serve.protocol.errors import ModelBusy, OfferRejected, UnknownSession
+from reactor_serve.rtc.settings import WebRTCSettings, WebRTCSettingsError
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.scaffold import init_model
-from reactor_serve.webrtc import schema
-from reactor_serve.webrtc.backend import (
-    ClientIdentity,
-    ModelBusy,
-    OfferRejected,
-    SessionState,
-    UnknownSession,
-)
-from reactor_serve.webrtc.devserver import LocalBackend, create_app
-from reactor_serve.webrtc.peer import PeerSession, parse_candidates
-from reactor_serve.webrtc.settings import WebRTCSettings, WebRTCSettingsError
-
+from reactor_serve.sessions.contract import ClientIdentity, SessionState
+from reactor_serve.sessions.peer_session import PeerSession, parse_candidates
+from reactor_serve.sessions.single_session import SingleSessionBackend
 
 # --------------------------------------------------------------------------- models
 
@@ -117,7 +116,7 @@ async def clients():
     made = []
 
     def make(host, **kw):
-        client = ClientPeer(schema.capabilities(host.spec), **kw)
+        client = ClientPeer(model_documents.capabilities(host.spec), **kw)
         made.append(client)
         return client
 
@@ -463,7 +462,7 @@ def test_candidates_must_be_a_short_list():
     assert parse_candidates([], is_final=True) == [None]
 
 
-# --------------------------------------------------------------------------- LocalBackend
+# --------------------------------------------------------------------------- SingleSessionBackend
 
 
 def backend_signal(backend, sid, connection_id=None, trickle=False):
@@ -494,7 +493,7 @@ async def backends():
 
     def make(host, **kw):
         grace = kw.pop("grace", 30)
-        backend = LocalBackend(host, settings(reconnect_grace_s=grace), **kw)
+        backend = SingleSessionBackend(host, settings(reconnect_grace_s=grace), **kw)
         made.append(backend)
         return backend
 

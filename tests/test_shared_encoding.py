@@ -9,7 +9,10 @@ from aiortc.codecs.h264 import H264Decoder, H264Encoder, h264_depayload
 from aiortc.codecs.vpx import Vp8Decoder, Vp8Encoder, vp8_depayload
 from aiortc.jitterbuffer import JitterFrame
 
-from reactor_serve.webrtc.shared_encoding import SharedEncoder, SharedVideoTrack
+from reactor_serve.sessions.viewers.shared_encoder import (
+    SharedEncoder,
+    SharedVideoTrack,
+)
 
 AIORTC = {
     "vp8": (Vp8Encoder, Vp8Decoder, vp8_depayload),

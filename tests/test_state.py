@@ -6,9 +6,14 @@ from typing import Any, Literal, Optional
 
 import pytest
 
-from reactor_serve.interface import InputField, InputRejected, InputState, ReactorPipeline
+from reactor_serve.interface import (
+    InputField,
+    InputRejected,
+    InputState,
+    ReactorPipeline,
+)
 from reactor_serve.interface.state import ParamValidator, state_fields
-from reactor_serve.runtime.model_spec import inspect_model
+from reactor_serve.runtime.loading.model_spec import inspect_model
 
 
 class Color(enum.Enum):

@@ -8,11 +8,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reactor_serve.webrtc.devserver import create_app
-from reactor_serve.webrtc.ice import client_ice_servers, rtc_configuration, session_ice_servers
-from reactor_serve.webrtc.node_network import with_node_network
-from reactor_serve.webrtc.settings import IceServer, WebRTCSettings, WebRTCSettingsError
-from reactor_serve.webrtc.turn_credentials import mint_turn_credentials, session_tag, turn_password
+from reactor_serve.local.app import create_app
+from reactor_serve.rtc.ice_servers import (
+    client_ice_servers,
+    rtc_configuration,
+    session_ice_servers,
+)
+from reactor_serve.rtc.node_network import with_node_network
+from reactor_serve.rtc.settings import IceServer, WebRTCSettings, WebRTCSettingsError
+from reactor_serve.rtc.turn_credentials import (
+    mint_turn_credentials,
+    session_tag,
+    turn_password,
+)
 
 GRADIENT = Path(__file__).parent.parent / "examples" / "gradient"
 TURN = "turn:turn.example.com:3478"

@@ -321,7 +321,7 @@ async def app_server(**settings):
     import uvicorn
     from conftest import free_port
 
-    from reactor_serve.webrtc.devserver import create_app
+    from reactor_serve.local.app import create_app
 
     port = free_port()
     app = create_app(STAMPED, settings_override={"loopback_candidates": True, **settings})

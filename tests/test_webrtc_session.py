@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from reactor_serve.client.peer import ClientPeer
+from reactor_serve.protocol import model_documents
+from reactor_serve.protocol.errors import OfferRejected
+from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime import ModelHost
 from reactor_serve.scaffold import init_model
-from reactor_serve.webrtc import schema
-from reactor_serve.webrtc.backend import OfferRejected
-from reactor_serve.webrtc.peer import PeerSession
-from reactor_serve.webrtc.settings import WebRTCSettings
+from reactor_serve.sessions.peer_session import PeerSession
 
 REFERENCE = Path(__file__).parent / "reference_models"
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -37,7 +37,7 @@ async def serve(host_of):
         peer = PeerSession(
             host, settings or WebRTCSettings(loopback_candidates=True, reconnect_grace_s=0)
         )
-        client = ClientPeer(schema.capabilities(host.spec), inputs=inputs)
+        client = ClientPeer(model_documents.capabilities(host.spec), inputs=inputs)
         if not ping:
             client._ping = _no_ping.__get__(client)  # a client that has gone silent
         peers.append(peer)
@@ -213,7 +213,7 @@ async def test_reconnect_keeps_the_session_and_state(serve, gradient_dir):
     client.send_command("set_brightness", {"brightness": 0.5})
     await client.wait_for(lambda: host.model.state.brightness == 0.5, 10, "state change")
     session = peer.session
-    second = ClientPeer(schema.capabilities(host.spec))
+    second = ClientPeer(model_documents.capabilities(host.spec))
     await second.connect(peer.answer)  # a new offer on the same session: PUT sdp_params
     await frames_after(second, 3)
     assert peer.session is session and not peer.ended.is_set()
@@ -250,7 +250,7 @@ async def test_server_never_opens_a_data_channel_and_ignores_unmapped_lines(serv
 async def test_trickled_candidates_connect_an_offer_without_candidates(host_of, gradient_dir):
     host = host_of(gradient_dir)
     peer = PeerSession(host, WebRTCSettings(loopback_candidates=True))
-    client = ClientPeer(schema.capabilities(host.spec))
+    client = ClientPeer(model_documents.capabilities(host.spec))
     trickled = []
 
     async def signal(sdp, mapping):

@@ -1,4 +1,4 @@
-"""Python client for reactor-serve sessions, speaking PROTOCOL.md over WebRTC.
+"""Python client for reactor-serve sessions, speaking docs/protocol.md over WebRTC.
 
     from reactor_serve.client import connect
     client = await connect("http://127.0.0.1:8080")

@@ -40,7 +40,7 @@ from reactor_serve.client.session import (
     offer_signal,
     start_session,
 )
-from reactor_serve.webrtc.host_candidates import HostCandidatePolicy, is_loopback_host
+from reactor_serve.rtc.host_candidates import HostCandidatePolicy, is_loopback_host
 
 __all__ = [
     "PATHS",

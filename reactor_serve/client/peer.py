@@ -37,8 +37,8 @@ from av import VideoFrame
 
 from reactor_serve.client.input_latency import InputLatencyTracker
 from reactor_serve.client.jitter import release_frames_on_marker
-from reactor_serve.webrtc import protocol
-from reactor_serve.webrtc.host_candidates import HostCandidatePolicy
+from reactor_serve.protocol import channel_codec
+from reactor_serve.rtc.host_candidates import HostCandidatePolicy
 
 __all__ = ["ClientPeer", "ReceivedAudio", "ReceivedVideo"]
 
@@ -407,13 +407,13 @@ class ClientPeer:
     def send_command(self, name: str, data: dict[str, Any] | None = None) -> str:
         """Send a command with a fresh id (`c<N>`); returns the id."""
         command_id = f"c{next(self._command_ids)}"
-        self.send_raw(protocol.command(name, data or {}, command_id))
+        self.send_raw(channel_codec.command(name, data or {}, command_id))
         self.latency.sent(command_id, name)
         return command_id
 
     def send_runtime(self, type_: str, data: dict[str, Any]) -> None:
         if self._channel is not None and self._channel.readyState == "open":
-            self._channel.send(protocol.runtime(type_, data))
+            self._channel.send(channel_codec.runtime(type_, data))
 
     def default_video(self) -> str:
         """The model's first output video track (what a client shows by default)."""

@@ -1,4 +1,4 @@
-"""`ReactorClient`: an async Python client for a reactor-serve model (PROTOCOL.md).
+"""`ReactorClient`: an async Python client for a reactor-serve model (docs/protocol.md).
 
     client = await connect("http://127.0.0.1:8080")
     client.send_command("set_brightness", {"brightness": 1.5})
@@ -33,7 +33,7 @@ import numpy as np
 
 from reactor_serve.client.input_latency import LatencyRecord
 from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo, Signal
-from reactor_serve.webrtc.host_candidates import HostCandidatePolicy, is_loopback_host
+from reactor_serve.rtc.host_candidates import HostCandidatePolicy, is_loopback_host
 
 __all__ = [
     "ClientState",
@@ -635,7 +635,7 @@ def offer_signal(
             if poll.status_code == 200:
                 answer = poll.json()
                 # An answer naming another connection is a stale one; one naming
-                # none is the latest offer's (PROTOCOL.md: the server clears the
+                # none is the latest offer's (docs/protocol.md: the server clears the
                 # stored answer on each offer).
                 if answer.get("connection_id") in (None, connection_id):
                     return answer["sdp_answer"]
@@ -663,7 +663,7 @@ async def start_session(
 async def fetch_ice_servers(
     http: httpx.AsyncClient, base_url: str, session_id: str
 ) -> list[dict[str, Any]]:
-    """The session's `ice_servers` (PROTOCOL.md: `[{"uris", "credentials"?}]`)."""
+    """The session's `ice_servers` (docs/protocol.md: `[{"uris", "credentials"?}]`)."""
     url = join_url(base_url, f"sessions/{session_id}/transport/webrtc/ice_servers")
     return checked_json(await http.get(url), 200).get("ice_servers", [])
 

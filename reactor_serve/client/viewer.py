@@ -25,7 +25,7 @@ import httpx
 
 from reactor_serve.client.peer import ClientPeer, ReceivedVideo, Signal
 from reactor_serve.client.session import SessionRefused, checked_json, join_url
-from reactor_serve.webrtc.host_candidates import HostCandidatePolicy, is_loopback_host
+from reactor_serve.rtc.host_candidates import HostCandidatePolicy, is_loopback_host
 
 __all__ = ["ReactorViewer", "ViewerCannotCommand", "watch"]
 

@@ -6,15 +6,24 @@ Transports (WebRTC, the in-process `LocalClient`) plug in through `open_session`
 the returned `Session`: its `clock` for output, `push_input` and `command` for input.
 """
 
-from reactor_serve.runtime.driver import LocalClient, ReceivedFrame
-from reactor_serve.runtime.emission_clock import EmissionClock, PresentedFrame
-from reactor_serve.runtime.frames import FrameError
 from reactor_serve.runtime.host import ModelHost, ModelLoadError, SessionBusy
 from reactor_serve.runtime.input_buffer import InputBuffer
-from reactor_serve.runtime.manifest import Manifest, ManifestError, load_manifest
-from reactor_serve.runtime.model_process import ModelProcess, hosted_model
-from reactor_serve.runtime.model_spec import CommandSpec, ModelSpec, ModelSpecError, inspect_model
-from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer
+from reactor_serve.runtime.isolation.model_process import ModelProcess, hosted_model
+from reactor_serve.runtime.loading.manifest import (
+    Manifest,
+    ManifestError,
+    load_manifest,
+)
+from reactor_serve.runtime.loading.model_spec import (
+    CommandSpec,
+    ModelSpec,
+    ModelSpecError,
+    inspect_model,
+)
+from reactor_serve.runtime.local_client import LocalClient, ReceivedFrame
+from reactor_serve.runtime.pacing.emission_clock import EmissionClock, PresentedFrame
+from reactor_serve.runtime.pacing.frames import FrameError
+from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
 from reactor_serve.runtime.session import EndReason, Session, SessionHost, SessionSink
 
 __all__ = [

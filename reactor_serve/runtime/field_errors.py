@@ -178,7 +178,7 @@ def safe_text(text: Any, limit: int = MAX_MESSAGE_CHARS) -> str:
 
 
 def command_error(command: Any, message: Any, errors: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The data of a `commandError` runtime message (PROTOCOL.md): `{"command",
+    """The data of a `commandError` runtime message (docs/protocol.md): `{"command",
     "message", "errors": [{"field", "rule", "value"}]}`, every part safe to send as
     strict JSON whatever the client sent."""
     return {

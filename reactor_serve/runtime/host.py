@@ -24,22 +24,34 @@ from typing import Any, Callable, Coroutine
 
 import yaml
 
-from reactor_serve.interface.context import SessionContext, register_live, unregister_live
+from reactor_serve.interface.context import (
+    SessionContext,
+    register_live,
+    unregister_live,
+)
 from reactor_serve.interface.legacy import ModelConfig
 from reactor_serve.interface.messages import ModelMessage
 from reactor_serve.interface.state import InputRejected
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.runtime.input_latency import CommandTicket, FrameAnswer
-from reactor_serve.runtime.kind_driver import DriverHost, KindDriver, call_model
-from reactor_serve.runtime.model_spec import CommandSpec, ModelSpec, inspect_model
+from reactor_serve.runtime.kinds.kind_driver import DriverHost, KindDriver, call_model
+from reactor_serve.runtime.kinds.pipeline import PipelineDriver
+from reactor_serve.runtime.kinds.run_loop import RunLoopDriver
+from reactor_serve.runtime.kinds.video_model import VideoModelDriver
+from reactor_serve.runtime.loading.model_spec import (
+    CommandSpec,
+    ModelSpec,
+    inspect_model,
+)
 from reactor_serve.runtime.model_thread import ModelThread
-from reactor_serve.runtime.output_buffer import FrameItem, OutputBuffer, OutputPort
-from reactor_serve.runtime.output_splitter import OutputSplitter
-from reactor_serve.runtime.pipeline_driver import PipelineDriver
-from reactor_serve.runtime.run_loop_driver import RunLoopDriver
+from reactor_serve.runtime.pacing.output_buffer import (
+    FrameItem,
+    OutputBuffer,
+    OutputPort,
+)
+from reactor_serve.runtime.pacing.output_splitter import OutputSplitter
 from reactor_serve.runtime.session import EndReason, Session, SessionSink
-from reactor_serve.runtime.video_model_driver import VideoModelDriver
 
 __all__ = ["ModelHost", "ModelLoadError", "SessionBusy", "model_config"]
 
@@ -114,7 +126,7 @@ class ModelHost:
     @classmethod
     def from_manifest(cls, path: str | Path, output: OutputPort | None = None) -> ModelHost:
         """A host for the model directory (or `reactor.yaml`) at `path`."""
-        from reactor_serve.runtime.manifest import load_manifest
+        from reactor_serve.runtime.loading.manifest import load_manifest
 
         manifest = load_manifest(path)
         return cls(manifest.load_class(), manifest.config, name=manifest.name, output=output)

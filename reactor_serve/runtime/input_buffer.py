@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from reactor_serve.interface.models import BufferClosed
-from reactor_serve.runtime._waiters import LoopWaiters
-from reactor_serve.runtime.frames import audio_chunk, video_batch
+from reactor_serve.runtime.loop_waiters import LoopWaiters
+from reactor_serve.runtime.pacing.frames import audio_chunk, video_batch
 
 __all__ = ["InputBuffer"]
 

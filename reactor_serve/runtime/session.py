@@ -19,18 +19,18 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from reactor_serve.interface.messages import ModelMessage, message_payload
-from reactor_serve.runtime.emission_clock import EmissionClock
 from reactor_serve.runtime.input_latency import (
     MAX_LATENCY_MS,
     CommandTicket,
     FrameAnswer,
     LatencyWindow,
 )
-from reactor_serve.runtime.output_buffer import OutputBuffer
+from reactor_serve.runtime.pacing.emission_clock import EmissionClock
+from reactor_serve.runtime.pacing.output_buffer import OutputBuffer
 
 if TYPE_CHECKING:
     from reactor_serve.interface.context import SessionContext
-    from reactor_serve.runtime.model_spec import ModelSpec
+    from reactor_serve.runtime.loading.model_spec import ModelSpec
 
 __all__ = ["EndReason", "Session", "SessionHost", "SessionSink"]
 

@@ -15,7 +15,7 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from reactor_serve.runtime.manifest import load_manifest
+from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.serve.config import AppArgs, model_deployment_options
 from reactor_serve.serve.gpu_placement import discover_cluster_gpus, resolve_gpus
 from reactor_serve.serve.ingress import make_ingress
@@ -72,7 +72,7 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
         ray_actor_options={"num_cpus": args.ingress_cpus},
     )
     # The servers themselves, not client lists: the ingress mints TURN credentials
-    # per session from a server's secret (webrtc/turn_credentials.py).
+    # per session from a server's secret (rtc/turn_credentials.py).
     ice_servers = [server.model_dump(mode="json", exclude_none=True) for server in args.ice_servers]
     return ingress.bind(models, handles, ice_servers)
 

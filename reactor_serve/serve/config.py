@@ -42,9 +42,9 @@ from pydantic import (
     model_validator,
 )
 
+from reactor_serve.rtc.settings import IceServer, WebRTCSettings
 from reactor_serve.serve.policy import POLICY_IMPORT_PATH
-from reactor_serve.webrtc.recording_settings import RecordingSettings
-from reactor_serve.webrtc.settings import IceServer, WebRTCSettings
+from reactor_serve.sessions.recording.settings import RecordingSettings
 
 __all__ = [
     "AppArgs",
@@ -52,7 +52,7 @@ __all__ = [
     "model_deployment_options",
 ]
 
-# Same rule as model names in reactor.yaml (runtime/manifest.py): they become URL
+# Same rule as model names in reactor.yaml (runtime/loading/manifest.py): they become URL
 # path segments and Serve deployment names.
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _NAME_RULE = "lowercase letters, digits and hyphens, not starting with a hyphen"
@@ -96,7 +96,7 @@ class ModelEntry(BaseModel):
     # Overrides merged over the model config's `webrtc` section (WebRTCSettings keys).
     webrtc: dict[str, Any] | None = None
     # Overrides merged over the model config's `recording` section (RecordingSettings
-    # keys, webrtc/recording_settings.py): e.g. `{enabled: true, destination: s3://...}`.
+    # keys, sessions/recording/settings.py): e.g. `{enabled: true, destination: s3://...}`.
     recording: dict[str, Any] | None = None
 
     @field_validator("path")

@@ -1,12 +1,12 @@
 """The ingress deployment: one stateless FastAPI app in front of every model.
 
-PROTOCOL.md's routes for each model under `/models/{name}`, and for the first model at
+docs/protocol.md's routes for each model under `/models/{name}`, and for the first model at
 the root (so `GET /health` is the first model's, as the protocol has it); `GET /models`
 (names, tracks, schemas, computed from the classes: no replica needed); the web page.
 Media never passes through here: the client's WebRTC goes straight to the replica that
 runs its session.
 
-Nothing a session needs lives here (see `ServeBackend`): the ingress runs two or more
+Nothing a session needs lives here (see `IngressSessions`): the ingress runs two or more
 replicas, any of them answers any request, and killing or redeploying one leaves
 every session streaming. Its init args name the models and nothing of their
 settings.
@@ -25,22 +25,22 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from ray import serve
 
 from reactor_serve import __version__
-from reactor_serve.runtime.manifest import load_manifest
-from reactor_serve.runtime.model_spec import inspect_model
-from reactor_serve.runtime.session import EndReason
-from reactor_serve.serve.grafana_dashboard import install_on_head
-from reactor_serve.serve.metrics import IngressMetrics
-from reactor_serve.serve.serve_backend import ServeBackend
-from reactor_serve.serve.session_directory import SessionDirectory
-from reactor_serve.webrtc import schema
-from reactor_serve.webrtc.web_page import (
+from reactor_serve.http_api.pages import (
     DOCTOR_PAGE,
     PICKER_PAGE,
     PLAYER_PAGE,
     asset_routes,
     page_response,
 )
-from reactor_serve.webrtc.session_routes import add_session_middleware, session_routes
+from reactor_serve.http_api.routes import add_session_middleware, session_routes
+from reactor_serve.protocol import model_documents
+from reactor_serve.runtime.loading.manifest import load_manifest
+from reactor_serve.runtime.loading.model_spec import inspect_model
+from reactor_serve.runtime.session import EndReason
+from reactor_serve.serve.grafana_dashboard import install_on_head
+from reactor_serve.serve.ingress_sessions import IngressSessions
+from reactor_serve.serve.metrics import IngressMetrics
+from reactor_serve.serve.session_directory import SessionDirectory
 
 __all__ = ["INGRESS_NAME", "make_ingress"]
 
@@ -48,10 +48,10 @@ log = logging.getLogger("reactor_serve.serve")
 
 INGRESS_NAME = "ReactorIngress"
 
-BACKENDS: dict[str, ServeBackend] = {}
+BACKENDS: dict[str, IngressSessions] = {}
 
 
-def _live_backends() -> dict[str, ServeBackend]:
+def _live_backends() -> dict[str, IngressSessions]:
     """This process's backends (one ingress per replica process)."""
     import reactor_serve.serve.ingress as module  # the real module, not a pickled copy
 
@@ -64,7 +64,7 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
     # Serve pickles the FastAPI app and this class separately, so the routes and the
     # ingress object meet in the module's `BACKENDS`, looked up by import at run time
     # in the replica's process (see `_live_backends`).
-    def model_backend(request: Request) -> ServeBackend:
+    def model_backend(request: Request) -> IngressSessions:
         backends = _live_backends()
         name = request.path_params.get("name") or ""
         backend = backends.get(name)
@@ -74,7 +74,7 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
             raise HTTPException(404, f"unknown model {name!r} (models: {', '.join(backends)})")
         return backend
 
-    def root_backend(request: Request) -> ServeBackend:
+    def root_backend(request: Request) -> IngressSessions:
         backends = _live_backends()
         if not backends:
             raise HTTPException(503, "the ingress is starting", {"Retry-After": "1"})
@@ -142,8 +142,8 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
                 {
                     "name": name,
                     "base_url": f"/models/{name}",
-                    "capabilities": schema.capabilities(backend.spec),
-                    "schema": schema.model_schema(backend.spec),
+                    "capabilities": model_documents.capabilities(backend.spec),
+                    "schema": model_documents.model_schema(backend.spec),
                     "capacity": capacity,
                 }
                 for (name, backend), capacity in zip(backends.items(), capacities, strict=True)
@@ -170,7 +170,7 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
             for model in models:
                 manifest = load_manifest(model["path"])
                 spec = inspect_model(manifest.load_class(), model["name"])
-                self.backends[model["name"]] = ServeBackend(
+                self.backends[model["name"]] = IngressSessions(
                     spec, handles[model["name"]], directory, ice_servers, metrics
                 )
             # The operator's Grafana dashboard comes with the app: Ray's Grafana reads it

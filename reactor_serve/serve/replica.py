@@ -1,7 +1,7 @@
 """`ModelReplica`: one model instance in a Serve replica; it owns its session.
 
 The replica loads the model once in `__init__` and runs its sessions with the same
-`LocalBackend` that `reactor run` uses, so the session's life (orphaned on a network
+`SingleSessionBackend` that `reactor run` uses, so the session's life (orphaned on a network
 drop, resumed by a new offer, ended with `sessionEnded`) is one implementation.
 
 A session's slot is one long streaming call, `session({"session_id"})`, issued by the
@@ -27,18 +27,14 @@ import logging
 import time
 from typing import Any, AsyncIterator
 
-from reactor_serve.runtime.model_process import hosted_model
+from reactor_serve.protocol.errors import BackendError
+from reactor_serve.rtc.settings import WebRTCSettings
+from reactor_serve.runtime.isolation.model_process import hosted_model
 from reactor_serve.runtime.session import EndReason
 from reactor_serve.serve import metrics
 from reactor_serve.serve.session_directory import SessionDirectory
-from reactor_serve.webrtc.backend import (
-    AnswerPending,
-    BackendError,
-    ClientIdentity,
-    SessionState,
-)
-from reactor_serve.webrtc.devserver import LocalBackend
-from reactor_serve.webrtc.settings import WebRTCSettings
+from reactor_serve.sessions.contract import AnswerPending, ClientIdentity, SessionState
+from reactor_serve.sessions.single_session import SingleSessionBackend
 
 __all__ = ["SERVE_ACTOR_NAMESPACE", "ModelReplica", "control_call"]
 
@@ -78,7 +74,7 @@ class ModelReplica:
         self.host.start()
         self.settings = WebRTCSettings.model_validate(settings)
         self.max_session_s = max_session_s
-        self.sessions = LocalBackend(self.host, self.settings)
+        self.sessions = SingleSessionBackend(self.host, self.settings)
         # The model's recording settings (config and serve_config.yaml, validated).
         self.sessions.recording_override = recording
         self.sessions_started = 0
@@ -325,7 +321,7 @@ def control_call(actor_self: Any, op: str, session_id: str, args: dict[str, Any]
 _VIEWER_OPS = ("viewer_link", "viewer_revoke", "watch_info", "watch_offer", "watch_poll")
 
 
-async def _viewer_op(sessions: LocalBackend, op: str, session_id: str, args: dict[str, Any]) -> Any:
+async def _viewer_op(sessions: SingleSessionBackend, op: str, session_id: str, args: dict[str, Any]) -> Any:
     """A viewer-link operation on the replica's session. The watch ops check the token
     against the session's own (the ingress found the session by the token)."""
     if op == "viewer_link":

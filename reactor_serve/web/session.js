@@ -1,5 +1,5 @@
 // One session with a reactor-serve model, in the browser: the HTTP signalling and the
-// data-channel protocol of PROTOCOL.md over an RTCPeerConnection.
+// data-channel protocol of docs/protocol.md over an RTCPeerConnection.
 //
 // A lost transport (the peer connection fails or closes on its own, or the data
 // channel goes quiet while the server's once-a-second stats are expected) is repaired

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from reactor_runtime.interface import ReactorPipeline, event
 
 

@@ -3,6 +3,7 @@
 import time
 
 import numpy as np
+
 from reactor_runtime.interface import ReactorPipeline
 
 

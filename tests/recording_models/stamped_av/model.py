@@ -6,7 +6,15 @@ import asyncio
 from dataclasses import dataclass
 
 import numpy as np
-from reactor_runtime.interface import Audio, InputField, Output, ReactorModel, Video, event
+
+from reactor_runtime.interface import (
+    Audio,
+    InputField,
+    Output,
+    ReactorModel,
+    Video,
+    event,
+)
 
 WIDTH, HEIGHT, BITS = 160, 128, 10
 BLOCK = WIDTH // BITS

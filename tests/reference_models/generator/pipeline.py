@@ -3,8 +3,15 @@
 from dataclasses import dataclass
 
 import numpy as np
+
 from reactor_runtime.interface import (
-    Idle, InputField, InputState, ModelMessage, Output, ReactorPipeline, Video,
+    Idle,
+    InputField,
+    InputState,
+    ModelMessage,
+    Output,
+    ReactorPipeline,
+    Video,
 )
 
 

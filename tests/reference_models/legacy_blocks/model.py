@@ -3,7 +3,8 @@ import time
 
 import numpy as np
 from pydantic import Field
-from reactor_runtime import VideoModel, model, command, get_ctx
+
+from reactor_runtime import VideoModel, command, get_ctx, model
 
 
 @model(name="legacy-blocks", config="config.yml")

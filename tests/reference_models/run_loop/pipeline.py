@@ -4,7 +4,15 @@ import time
 from dataclasses import dataclass
 
 import torch
-from reactor_runtime.interface import ModelMessage, Output, ReactorModel, Video, event, InputField
+
+from reactor_runtime.interface import (
+    InputField,
+    ModelMessage,
+    Output,
+    ReactorModel,
+    Video,
+    event,
+)
 
 
 @dataclass

@@ -1,12 +1,20 @@
 # The input-tracks page's full video-to-video example, verbatim, with the two names
 # it leaves to the author (`load_style_model` and the pipe's `apply`) filled in.
 from dataclasses import dataclass
-from reactor_runtime.interface import (
-    Input, Output, Video, ReactorModel, InputField,
-    event, connected, disconnected, BufferClosed,
-)
 
 import numpy as np
+
+from reactor_runtime.interface import (
+    BufferClosed,
+    Input,
+    InputField,
+    Output,
+    ReactorModel,
+    Video,
+    connected,
+    disconnected,
+    event,
+)
 
 
 class _StylePipe:

@@ -7,10 +7,11 @@ import asyncio
 import os
 import tempfile
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
 from reactor_runtime.interface import Output, ReactorModel, Video, event
 
 

@@ -8,7 +8,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from reactor_runtime.interface import InputField, ModelMessage, Output, ReactorModel, Video, event
+
+from reactor_runtime.interface import (
+    InputField,
+    ModelMessage,
+    Output,
+    ReactorModel,
+    Video,
+    event,
+)
 
 WIDTH, HEIGHT, BITS = 160, 128, 10
 BLOCK = WIDTH // BITS

@@ -6,8 +6,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from reactor_runtime.interface import (
-    InputField, ModelMessage, Output, ReactorModel, Video, connected, event,
+    InputField,
+    ModelMessage,
+    Output,
+    ReactorModel,
+    Video,
+    connected,
+    event,
 )
 
 

@@ -4,8 +4,16 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
 from reactor_runtime.interface import (
-    Audio, BufferClosed, Input, ModelMessage, Output, ReactorModel, Video, connected,
+    Audio,
+    BufferClosed,
+    Input,
+    ModelMessage,
+    Output,
+    ReactorModel,
+    Video,
+    connected,
     disconnected,
 )
 

@@ -1,0 +1,193 @@
+"""The request bodies of the session routes (docs/protocol.md), checked field by field.
+
+Every field has a bound, and every problem is an `InvalidBody` whose message names the
+field the way a client would write it (`candidates[2].sdpMLineIndex`), so that nothing
+malformed reaches a backend: a backend that stored a bad candidate would otherwise
+fail later, on someone else's offer. Unknown fields are ignored (clients add fields
+over versions: `client_info`, `ice_servers`, ...).
+
+Written out by hand rather than as pydantic models: the checks are few, and each
+message must name the field without echoing a huge value back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from reactor_serve.protocol.bounded_json import describe, nesting_depth
+from reactor_serve.protocol.ice_candidates import (
+    MAX_CANDIDATE_BYTES,
+    MAX_CANDIDATES,
+    MAX_MLINE_INDEX,
+    CandidateError,
+    check_candidates,
+)
+
+__all__ = [
+    "MAX_CANDIDATES",
+    "MAX_CANDIDATE_BYTES",
+    "MAX_EXTRA_ARGS_BYTES",
+    "MAX_EXTRA_ARGS_DEPTH",
+    "MAX_MLINE_INDEX",
+    "MAX_SDP_OFFER_BYTES",
+    "MAX_SHORT_STRING",
+    "MAX_TRACK_MAPPING",
+    "CandidatesBody",
+    "InvalidBody",
+    "OfferBody",
+    "StartBody",
+    "StopBody",
+    "candidates_body",
+    "offer_body",
+    "start_body",
+    "stop_body",
+]
+
+MAX_SDP_OFFER_BYTES = 64 * 1024
+# MAX_CANDIDATES, MAX_CANDIDATE_BYTES and MAX_MLINE_INDEX are ice_candidates' (the
+# peer checks candidates by the same rules), re-exported here with the other bounds.
+MAX_SHORT_STRING = 256
+MAX_EXTRA_ARGS_BYTES = 16 * 1024
+MAX_EXTRA_ARGS_DEPTH = 16
+MAX_TRACK_MAPPING = 32
+
+class InvalidBody(ValueError):
+    """A request body that does not fit its route; the message names the field."""
+
+
+@dataclass(frozen=True)
+class StartBody:
+    extra_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StopBody:
+    session_id: str | None = None
+
+
+@dataclass(frozen=True)
+class OfferBody:
+    sdp_offer: str
+    track_mapping: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CandidatesBody:
+    # Normalised: `{"candidate", "sdpMid", "sdpMLineIndex"[, "usernameFragment"]}`.
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    is_final: bool = False
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+def start_body(data: dict[str, Any] | None) -> StartBody:
+    """`{}` or `{"extra_args": {...}}`; an absent body is `{}`."""
+    data = data or {}
+    extra = data.get("extra_args")
+    if extra is None:
+        return StartBody()
+    if not isinstance(extra, dict):
+        raise InvalidBody(f"extra_args: must be an object, got {describe(extra)}")
+    # ensure_ascii=False: the size that counts is what the model will hold.
+    size = len(json.dumps(extra, ensure_ascii=False).encode("utf-8"))
+    if size > MAX_EXTRA_ARGS_BYTES:
+        raise InvalidBody(
+            f"extra_args: {size} bytes serialised, the limit is {MAX_EXTRA_ARGS_BYTES}"
+        )
+    depth = nesting_depth(json.dumps(extra).encode())
+    if depth > MAX_EXTRA_ARGS_DEPTH:
+        raise InvalidBody(f"extra_args: nests deeper than {MAX_EXTRA_ARGS_DEPTH} levels")
+    return StartBody(extra_args=extra)
+
+
+def stop_body(data: dict[str, Any] | None) -> StopBody:
+    """`{"session_id": "..."}`, or nothing (JS SDK 2.9.0 names no session)."""
+    data = data or {}
+    sid = data.get("session_id")
+    if sid is None:
+        return StopBody()
+    if not isinstance(sid, str):
+        raise InvalidBody(f"session_id: must be a string, got {describe(sid)}")
+    return StopBody(session_id=sid)
+
+
+def offer_body(data: dict[str, Any] | None) -> OfferBody:
+    """`{"sdp_offer", "client_info"?, "track_mapping"?: [{"mid", "name", "kind",
+    "direction"}]}`."""
+    if data is None:
+        raise InvalidBody(
+            "request body required: a JSON object with sdp_offer, track_mapping?, client_info?"
+        )
+    offer = data.get("sdp_offer")
+    if offer is None:
+        raise InvalidBody("sdp_offer: required")
+    if not isinstance(offer, str):
+        raise InvalidBody(f"sdp_offer: must be a string, got {describe(offer)}")
+    size = len(offer.encode("utf-8"))
+    if size > MAX_SDP_OFFER_BYTES:
+        raise InvalidBody(f"sdp_offer: {size} bytes, the limit is {MAX_SDP_OFFER_BYTES}")
+    if not offer.startswith("v=0"):
+        raise InvalidBody("sdp_offer: not an SDP offer (it must start with 'v=0')")
+    return OfferBody(sdp_offer=offer, track_mapping=_track_mapping(data.get("track_mapping")))
+
+
+def candidates_body(data: dict[str, Any] | None) -> CandidatesBody:
+    """`{"candidates": [...], "is_final"?}`; each candidate a string or
+    `{"candidate", "sdpMid"?, "sdpMLineIndex"?, "usernameFragment"?}` (snake_case too)."""
+    data = data or {}
+    raw = data.get("candidates")
+    if raw is None:
+        raw = []
+    is_final = data.get("is_final")
+    if is_final is None:
+        is_final = False
+    try:
+        candidates = check_candidates(raw)
+    except CandidateError as exc:
+        raise InvalidBody(str(exc)) from None
+    if not isinstance(is_final, bool):
+        raise InvalidBody(f"is_final: must be a boolean, got {describe(is_final)}")
+    return CandidatesBody(candidates=candidates, is_final=is_final)
+
+
+# --------------------------------------------------------------------------- fields
+
+
+def _track_mapping(raw: Any) -> list[dict[str, str]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise InvalidBody(f"track_mapping: must be an array, got {describe(raw)}")
+    if len(raw) > MAX_TRACK_MAPPING:
+        raise InvalidBody(
+            f"track_mapping: {len(raw)} entries, the limit is {MAX_TRACK_MAPPING}"
+        )
+    mapping = []
+    for i, entry in enumerate(raw):
+        where = f"track_mapping[{i}]"
+        if not isinstance(entry, dict):
+            raise InvalidBody(f"{where}: must be an object, got {describe(entry)}")
+        checked: dict[str, str] = {}
+        for key in ("mid", "name", "kind", "direction"):
+            value = entry.get(key)
+            # Some clients send the mid as a number.
+            if key == "mid" and isinstance(value, int) and not isinstance(value, bool):
+                value = str(value) if 0 <= value <= MAX_MLINE_INDEX else value
+            checked[key] = _short_string(value, f"{where}.{key}", required=True)
+        mapping.append(checked)
+    return mapping
+
+
+def _short_string(value: Any, where: str, *, required: bool) -> Any:
+    if value is None:
+        if required:
+            raise InvalidBody(f"{where}: required")
+        return None
+    if not isinstance(value, str):
+        raise InvalidBody(f"{where}: must be a string, got {describe(value)}")
+    if len(value) > MAX_SHORT_STRING:
+        raise InvalidBody(f"{where}: longer than {MAX_SHORT_STRING} characters")
+    return value

@@ -1,0 +1,1 @@
+"""The middleware in front of the session HTTP API, one concern each."""

@@ -1,0 +1,1 @@
+"""`reactor run`: one model served from this process behind the session HTTP API."""

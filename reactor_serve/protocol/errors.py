@@ -1,0 +1,72 @@
+"""The error family of the session API: each error a backend raises maps to one HTTP
+status, and the routes answer it as that status with the error's message (and a
+`Retry-After` where the error carries one). Clients read the same statuses.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "ModelBusy",
+    "ModelUnavailable",
+    "NegotiationFailed",
+    "OfferRejected",
+    "UnknownSession",
+    "ViewerLimitReached",
+    "ViewersUnavailable",
+]
+
+
+class BackendError(Exception):
+    """Base of the errors a backend reports; each maps to one HTTP status."""
+
+    status = 500
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class UnknownSession(BackendError):
+    """No such session, or it ended (the message says which, and why it ended)."""
+
+    status = 404
+
+
+class ModelBusy(BackendError):
+    """No slot for a new session (a single-session server with one live, or a full
+    queue past its admission timeout)."""
+
+    status = 409
+
+
+class ModelUnavailable(BackendError):
+    """The model cannot take sessions now: still loading, its load failed, or the
+    control plane is restarting. Clients should retry after `retry_after_s`."""
+
+    status = 503
+
+
+class OfferRejected(BackendError):
+    """A malformed SDP offer, candidate or track mapping."""
+
+    status = 400
+
+
+class ViewerLimitReached(BackendError):
+    """The session already has `max_viewers` viewers."""
+
+    status = 429
+
+
+class ViewersUnavailable(BackendError):
+    """The session cannot be watched: viewers are off for the model
+    (`webrtc.max_viewers: 0`), or the session is not streaming yet."""
+
+    status = 409
+
+
+class NegotiationFailed(BackendError):
+    """Answering an offer failed for a reason other than the offer itself."""
+
+    status = 500

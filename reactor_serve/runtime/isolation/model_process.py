@@ -1,0 +1,579 @@
+"""`ModelProcess`: a model run in a process of its own, its sessions served from here.
+
+The model's code (its `load()`, forward passes, handlers) runs in a child process
+(`model_worker`) started with this process's environment, so with the replica's
+GPUs visible. What the client feels stays here: the emission clock, the encoder,
+aiortc, HTTP and the data channel. A forward pass that holds the GIL for half a
+second cannot delay a frame any more, and a model that crashes cannot take the
+replica with it:
+
+- the child's death (a segfault, `os._exit`, the out-of-memory killer) ends the live
+  session with `sessionEnded{reason: "error"}` saying how it died, and a new child is
+  started with backoff; the host stays healthy while it loads again, and turns
+  unhealthy, with the reason, once loading has failed `UNHEALTHY_AFTER` times in a row;
+- the child dies with this process (see `model_worker`), and the shared memory the
+  frames cross in has no name, so nothing is left behind even after `kill -9`.
+
+To debug a model with a debugger, run it in this process instead (`hosted_model(...,
+in_process=True)`, `reactor run --in-process`, or `REACTOR_IN_PROCESS=1`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import queue
+import signal
+import site
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import reactor_serve
+from reactor_serve.interface.legacy import ModelConfig
+from reactor_serve.runtime.host import (
+    ModelHost,
+    ModelLoadError,
+    SessionBusy,
+    model_config,
+)
+from reactor_serve.runtime.input_buffer import InputBuffer
+from reactor_serve.runtime.input_latency import CommandTicket, FrameAnswer
+from reactor_serve.runtime.isolation.frame_ring import FrameReader, FrameWriter
+from reactor_serve.runtime.isolation.process_channel import (
+    ChannelClosed,
+    ProcessChannel,
+    channel_pair,
+)
+from reactor_serve.runtime.loading.manifest import load_manifest
+from reactor_serve.runtime.loading.model_spec import ModelSpec, inspect_model
+from reactor_serve.runtime.pacing.frames import audio_chunk, video_batch
+from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
+from reactor_serve.runtime.session import EndReason, Session, SessionSink
+
+__all__ = ["ModelProcess", "describe_exit", "hosted_model", "in_process_requested"]
+
+log = logging.getLogger("reactor_serve.runtime")
+
+IN_PROCESS_ENV = "REACTOR_IN_PROCESS"
+
+
+def in_process_requested() -> bool:
+    """`REACTOR_IN_PROCESS` is set to a true value."""
+    return os.environ.get(IN_PROCESS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def hosted_model(
+    path: str | Path, in_process: bool | None = None, env: dict[str, str] | None = None
+) -> ModelProcess | ModelHost:
+    """The model directory at `path`, ready to `start()`: in a process of its own (with
+    `env` added to its environment), or (`in_process`, default from
+    `REACTOR_IN_PROCESS`) on a thread of this one."""
+    if in_process is None:
+        in_process = in_process_requested()
+    return ModelHost.from_manifest(path) if in_process else ModelProcess(path, env=env)
+
+
+def describe_exit(returncode: int) -> str:
+    """How a process ended, for a person: "exited with code 3", "was killed by
+    SIGSEGV (signal 11)"."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    number = -returncode
+    try:
+        text = f"was killed by {signal.Signals(number).name} (signal {number})"
+    except ValueError:
+        text = f"was killed by signal {number}"
+    if number == signal.SIGKILL:
+        text += ": the kernel's out-of-memory killer, or someone, killed it"
+    return text
+
+
+class ModelProcess:
+    """Runs the model at a directory in a child process; sessions are served here."""
+
+    # Restart delays after a crash or a failed load, doubling up to the last; a child
+    # that ran this long before dying starts the sequence over.
+    RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+    STABLE_AFTER_S = 60.0
+    # Failed loads in a row after which the host reports unhealthy (it keeps trying).
+    UNHEALTHY_AFTER = 3
+    # How long a new session waits for a restarting model before it is refused.
+    OPEN_WAIT_S = 60.0
+    # How long a session end waits for the model's @disconnected hooks.
+    END_WAIT_S = 30.0
+    # Input frames in flight to the model: its buffers' depth, with room to spare.
+    INPUT_SLOTS = InputBuffer.DEFAULT_CAPACITY + 4
+    INPUT_MAX_BYTES = 256 << 20
+
+    def __init__(
+        self, path: str | Path, *, name: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        manifest = load_manifest(path)
+        # Added to this process's environment for the model process.
+        self.env = dict(env or {})
+        model_cls = manifest.load_class()
+        self.model_dir = str(manifest.root)
+        self.spec: ModelSpec = inspect_model(model_cls, name or manifest.name)
+        self.config: ModelConfig = model_config(model_cls, manifest.config)
+        self.output_buffer = OutputBuffer(self.spec.buffer_size, self.spec.fps)
+        self.load_error: ModelLoadError | None = None
+        self.crashes = 0
+        self.restarts = 0
+        self._errors_before = 0
+        self._child: _Child | None = None
+        self._ready = threading.Event()
+        self._closing = False
+        self._first_load: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._supervisor: threading.Thread | None = None
+        self._placements: queue.Queue[tuple[_Child, tuple[Any, ...]] | None] = queue.Queue()
+        self._placer: threading.Thread | None = None
+        self._sessions: dict[str, Session] = {}
+        self._ends: dict[str, concurrent.futures.Future[None]] = {}
+        self._lock = threading.Lock()
+        self.inputs_dropped = 0
+
+    # ---- life ----------------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> None:
+        """Start the model process and wait until the model is loaded. Raises
+        ModelLoadError (with the child's traceback) when the first load fails."""
+        self._placer = threading.Thread(target=self._place, name="reactor-placer", daemon=True)
+        self._placer.start()
+        # Children are started from this thread only: the kernel's parent-death
+        # signal follows the thread that forked, and this one lives as long as we do.
+        self._supervisor = threading.Thread(
+            target=self._supervise, name=f"reactor-model-process-{self.spec.name}", daemon=True
+        )
+        self._supervisor.start()
+        try:
+            self._first_load.result(timeout)
+        except ModelLoadError as exc:
+            self.load_error = exc
+            raise
+
+    def __enter__(self) -> ModelProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    @property
+    def healthy(self) -> bool:
+        """Started, not failing to load, and supervised (a crashed model that is being
+        restarted counts as healthy: the next session will wait for it)."""
+        supervisor = self._supervisor
+        return (
+            supervisor is not None
+            and supervisor.is_alive()
+            and self._first_load.done()
+            and self.load_error is None
+            and not self._closing
+        )
+
+    @property
+    def model_errors(self) -> int:
+        """Model errors that ended sessions, crashes of the model process included."""
+        child = self._child
+        return self._errors_before + (child.errors if child is not None else 0) + self.crashes
+
+    @property
+    def pid(self) -> int | None:
+        """The model process's pid, while one runs."""
+        child = self._child
+        return child.process.pid if child is not None and child.process.poll() is None else None
+
+    @property
+    def session(self) -> Session | None:
+        with self._lock:
+            return next(iter(self._sessions.values()), None)
+
+    def shutdown(self, timeout: float = 15.0) -> None:
+        """End any live session (its @disconnected hooks run), stop the model process."""
+        self._closing = True
+        child = self._child
+        if child is not None:
+            self._stop_process(child, timeout)
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(timeout)
+        for session in list(self._sessions.values()):
+            self._abandon(session, EndReason.SHUTDOWN, None)
+        self._placements.put(None)
+        if not self._first_load.done():
+            self._first_load.set_exception(ModelLoadError("shut down while loading", ""))
+
+    # ---- the child, supervised -------------------------------------------------------
+
+    def _supervise(self) -> None:
+        failures = 0
+        delay_index = 0
+        while not self._closing:
+            child = self._spawn()
+            started = time.monotonic()
+            outcome = child.loaded.result()
+            if isinstance(outcome, ModelLoadError):
+                failures += 1
+                if not self._first_load.done():
+                    # Gone before start() raises: nothing of a failed load lingers.
+                    self._stop_child(child)
+                    self._first_load.set_exception(outcome)
+                    return
+                log.error(
+                    "model %s failed to load again (%d in a row):\n%s",
+                    self.spec.name, failures, outcome.traceback,
+                )
+                if failures >= self.UNHEALTHY_AFTER:
+                    self.load_error = outcome
+                self._stop_child(child)
+            else:
+                failures = 0
+                self.load_error = None
+                self._ready.set()
+                if not self._first_load.done():
+                    self._first_load.set_result(None)
+                returncode = child.process.wait()
+                self._ready.clear()
+                child.reader.join()
+                if self._closing:
+                    self._finish(child, None)
+                    return
+                how = describe_exit(returncode)
+                self.crashes += 1
+                log.error("model %s: the model process %s", self.spec.name, how)
+                self._finish(child, f"the model process {how}; it is being restarted")
+                if time.monotonic() - started > self.STABLE_AFTER_S:
+                    delay_index = 0
+            if self._closing:
+                return
+            delay = self.RESTART_BACKOFF_S[min(delay_index, len(self.RESTART_BACKOFF_S) - 1)]
+            delay_index += 1
+            self.restarts += 1
+            time.sleep(delay)
+
+    def _spawn(self) -> _Child:
+        ours, theirs = channel_pair()
+        env = {**os.environ, **self.env}
+        package_root = str(Path(reactor_serve.__file__).resolve().parents[1])
+        if package_root not in _site_dirs():
+            # Running from a checkout: the child imports the same reactor_serve.
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (package_root, env.get("PYTHONPATH")) if p
+            )
+        command = [
+            sys.executable,
+            "-m",
+            "reactor_serve.runtime.isolation.model_worker",
+            "--channel-fd",
+            str(theirs.fileno()),
+            "--parent-pid",
+            str(os.getpid()),
+            self.model_dir,
+        ]
+        process = subprocess.Popen(command, env=env, pass_fds=(theirs.fileno(),))
+        theirs.close()
+        child = _Child(self, process, ours)
+        child.reader.start()
+        self._child = child
+        log.info("model %s: model process %d started", self.spec.name, process.pid)
+        return child
+
+    def _stop_child(self, child: _Child) -> None:
+        self._stop_process(child, 10.0)
+        child.reader.join()
+        self._finish(child, "the model process stopped")
+
+    def _stop_process(self, child: _Child, timeout: float) -> None:
+        """Ask `child` to stop (its live session ends with its hooks run); kill it
+        when it has not within `timeout`."""
+        child.channel.send("shutdown")
+        try:
+            child.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning(
+                "model process %s did not stop in %.0f s: killing it", child.process.pid, timeout
+            )
+            child.process.kill()
+            child.process.wait()
+
+    def _finish(self, child: _Child, why: str | None) -> None:
+        """`child` is gone: nothing of it may linger in this process."""
+        child.dead = True
+        with child.lock:
+            opens, child.opens = child.opens, {}
+        for future in opens.values():
+            if not future.done():
+                future.set_result(("error", why or "the model process stopped"))
+        for session in list(self._sessions.values()):
+            self._abandon(session, EndReason.SHUTDOWN if why is None else EndReason.ERROR, why)
+        # Frames it made are views of its memory: drop them, and the mappings go
+        # with the last view.
+        self.output_buffer.flush()
+        child.outputs.close()
+        child.inputs.close()
+        child.channel.close()
+        # Carried over, not counted twice while `_child` still names the dead one.
+        self._errors_before += child.errors
+        child.errors = 0
+
+    # ---- sessions ------------------------------------------------------------------------
+
+    async def open_session(self, sink: SessionSink, session_id: str | None = None) -> Session:
+        """Connect a client. Raises SessionBusy if one is live, RuntimeError if the
+        model is not loaded (a restarting one is waited for, up to OPEN_WAIT_S)."""
+        if not self.healthy:
+            raise RuntimeError(f"model {self.spec.name!r} is not loaded")
+        for _ in range(2):
+            if not self._ready.is_set():
+                ready = await asyncio.to_thread(self._ready.wait, self.OPEN_WAIT_S)
+                if not ready:
+                    raise RuntimeError(f"model {self.spec.name!r} is restarting; try again")
+            child = self._child
+            assert child is not None
+            session = await self._open_on(child, sink, session_id)
+            if session is not None:
+                return session
+            # The model process died while the session opened: the next one takes it.
+        raise RuntimeError(f"model {self.spec.name!r}: the model process keeps dying")
+
+    async def _open_on(
+        self, child: _Child, sink: SessionSink, session_id: str | None
+    ) -> Session | None:
+        session = Session(self, sink, session_id)
+        answer: concurrent.futures.Future[tuple[str, str | None]] = concurrent.futures.Future()
+        with self._lock:
+            if self._sessions:
+                raise SessionBusy(f"model {self.spec.name!r} is busy with another session")
+            self._sessions[session.id] = session
+            self._ends[session.id] = concurrent.futures.Future()
+        with child.lock:
+            child.opens[session.id] = answer
+        if not child.channel.send("open", session.id):
+            answer.set_result(("error", "the model process is gone"))
+        outcome, detail = await asyncio.wrap_future(answer)
+        if outcome == "busy":
+            self._forget(session)
+            raise SessionBusy(detail)
+        if outcome == "error":
+            self._forget(session)
+            if child.dead:
+                return None
+            raise RuntimeError(f"model {self.spec.name!r}: {detail}")
+        return session
+
+    async def end_session(self, session: Session, reason: str, detail: str | None = None) -> None:
+        """Disconnect `session` and wait until its @disconnected hooks ran."""
+        if session.ended.is_set():
+            return
+        ended = self._ends.get(session.id)
+        child = self._child
+        if ended is None or child is None or child.dead or not child.channel.send(
+            "close", session.id, reason, detail
+        ):
+            self._abandon(session, reason, detail)
+            return
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(ended), self.END_WAIT_S)
+        except asyncio.TimeoutError:
+            # The model is stuck (a forward pass that never returns, a deadlock): it
+            # would hold the session, and refuse every next one, for ever.
+            log.error(
+                "model %s did not end session %s within %.0f s: restarting its process",
+                self.spec.name, session.id, self.END_WAIT_S,
+            )
+            self._abandon(session, reason, detail)
+            self._ready.clear()  # the next session waits for the new process
+            child.process.kill()
+
+    def push_input(self, session: Session, track: str, frame: Any) -> None:
+        """A client frame, written once into the model's input ring (dropped, and
+        counted, when the model holds every slot: input keeps only the latest)."""
+        child = self._child
+        if child is None or child.dead:
+            return
+        kind = next(t.kind for t in self.spec.inputs if t.name == track)
+        if kind == "video":
+            batch = video_batch(frame, track)
+            if batch.shape[0] != 1:
+                raise ValueError(f"input track {track!r}: push one frame at a time")
+            written = child.inputs.write(batch[0])
+            if written is None:
+                self.inputs_dropped += 1
+                return
+            ref, announcement = written
+            if announcement is not None:
+                child.channel.send_ring(announcement)
+            child.channel.send("input", session.id, track, ref)
+        else:
+            chunk = np.ascontiguousarray(audio_chunk(frame, track))
+            child.channel.send("input", session.id, track, chunk)
+
+    def submit_command(
+        self, session: Session, name: str, data: Any, ticket: CommandTicket | None = None
+    ) -> None:
+        child = self._child
+        if child is not None and not child.dead and not session.stopping:
+            child.channel.send("command", session.id, name, data, ticket)
+
+    def _session_ended(self, session_id: str, reason: str, detail: str | None) -> None:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return
+        session.mark_stopping()
+        session.end_reason, session.end_detail = reason, detail
+        self._forget(session)
+        session.ended.set()
+        try:
+            session.sink.ended(reason, detail)
+        except Exception:
+            log.exception("session sink failed in ended()")
+
+    def _abandon(self, session: Session, reason: str, detail: str | None) -> None:
+        """End `session` here: the model process cannot (it is gone, or stuck)."""
+        if session.ended.is_set():
+            return
+        data: dict[str, Any] = {"reason": reason}
+        if detail:
+            data["message"] = detail
+        session.send_runtime("sessionEnded", data)
+        self._session_ended(session.id, reason, detail)
+
+    def _forget(self, session: Session) -> None:
+        with self._lock:
+            self._sessions.pop(session.id, None)
+            ended = self._ends.pop(session.id, None)
+        if ended is not None and not ended.done():
+            ended.set_result(None)
+
+    # ---- what the model process sends ------------------------------------------------
+
+    def _receive(self, child: _Child, message: tuple[Any, ...]) -> None:
+        op, args = message[0], message[1:]
+        buffer = self.output_buffer
+        if op == "emit":
+            self._placements.put((child, args))
+        elif op == "message":
+            session = self._sessions.get(args[0])
+            if session is not None:
+                session.deliver(args[1])
+        elif op in ("flush", "drop_stale", "restart"):
+            # Before the buffer changes: an emit of the old epoch waiting for room
+            # sees it and discards the rest, as in one process.
+            child.epoch = args[0]
+            {"flush": buffer.flush, "drop_stale": buffer.drop_stale, "restart": buffer.restart}[op]()
+        elif op == "set_fps":
+            buffer.set_fps(args[0])
+        elif op == "monitoring":
+            buffer.rate.set_monitoring(args[0], args[1])
+        elif op == "ended":
+            session_id, reason, detail, errors = args
+            child.errors = errors
+            self._session_ended(session_id, reason, detail)
+        elif op in ("opened", "open_failed"):
+            with child.lock:
+                answer = child.opens.pop(args[0], None)
+            if answer is not None and not answer.done():
+                answer.set_result(("opened", None) if op == "opened" else (args[1], args[2]))
+        elif op == "loaded":
+            log.info("model %s loaded in its process in %.1f s", self.spec.name, args[0])
+            child.loaded.set_result(None)
+        elif op == "load_failed":
+            child.loaded.set_result(ModelLoadError(args[0], args[1]))
+        else:
+            log.error("unknown message %r from the model process", op)
+
+    def _place(self) -> None:
+        """Queues emits in the output buffer, in order, waiting for room as `emit`
+        does, then answers the model so its emit returns."""
+        while (work := self._placements.get()) is not None:
+            child, emit = work
+            try:
+                self._place_emit(child, *emit)
+            except Exception:
+                log.exception("model %s: placing an emit failed", self.spec.name)
+
+    def _place_emit(
+        self,
+        child: _Child,
+        emit_id: int,
+        epoch: int,
+        at: float | None,
+        compute_time: float | None,
+        frames: int,
+        drop: bool,
+        part: list[tuple[dict[str, Any], dict[str, Any], tuple[FrameAnswer, ...]]],
+    ) -> None:
+        buffer = self.output_buffer
+        if child.dead:
+            return  # its rings are gone with it
+        items = [
+            FrameItem(
+                video={t: child.outputs.view(ref) for t, ref in video.items()},
+                audio=audio,
+                answers=answers,
+            )
+            for video, audio, answers in part
+        ]
+        if at is not None:
+            buffer.record_emit(items, compute_time, at=at, frames=frames)
+        else:
+            buffer.stamp(items, time.monotonic())
+        buffer.put_blocking(
+            items,
+            drop,
+            should_stop=lambda: child.dead or child.epoch != epoch or self._closing,
+        )
+        del items
+        if emit_id:
+            child.channel.send("placed", emit_id)
+
+
+class _Child:
+    """One model process and what this process holds for it."""
+
+    def __init__(self, owner: ModelProcess, process: subprocess.Popen[bytes], channel: ProcessChannel) -> None:
+        self.owner = owner
+        self.process = process
+        self.channel = channel
+        self.lock = threading.Lock()
+        self.loaded: concurrent.futures.Future[ModelLoadError | None] = concurrent.futures.Future()
+        self.opens: dict[str, concurrent.futures.Future[tuple[str, str | None]]] = {}
+        self.epoch = 0
+        self.errors = 0
+        self.dead = False
+        # The model's output frames; a slot goes back to it (in the ring's slot states,
+        # no message) when this process's last view of the frame dies.
+        self.outputs = FrameReader()
+        self.inputs = FrameWriter("reactor-input", owner.INPUT_SLOTS, owner.INPUT_MAX_BYTES)
+        self.reader = threading.Thread(target=self._read, name="reactor-model-channel", daemon=True)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                self.owner._receive(self, self.channel.receive(self.outputs))
+        except ChannelClosed:
+            pass
+        except Exception:
+            log.exception("reading from the model process failed")
+        finally:
+            if not self.loaded.done():
+                # It died while loading.
+                returncode = self.process.wait()
+                self.loaded.set_result(
+                    ModelLoadError(f"the model process {describe_exit(returncode)} while loading", "")
+                )
+
+
+def _site_dirs() -> set[str]:
+    dirs = set(site.getsitepackages())
+    user = site.getusersitepackages()
+    if isinstance(user, str):
+        dirs.add(user)
+    return {str(Path(d).resolve()) for d in dirs}

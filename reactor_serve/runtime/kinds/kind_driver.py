@@ -1,0 +1,172 @@
+"""`KindDriver`: how one kind of model is driven, and `DriverHost`: what a driver may use.
+
+The three model APIs differ in how they are constructed, what produces frames during
+a session, and when a client's command may run:
+
+| kind | model | producer | commands |
+|---|---|---|---|
+| `pipeline` | `ReactorPipeline` | the `inference()` generator, per session | queued, applied between yields |
+| `model` | `ReactorModel` | `run()`, for the model's lifetime | tasks interleaving with `run()` at awaits |
+| `legacy` | `VideoModel` | `start_session()` on a thread, per session | tasks on the model loop |
+
+`ModelHost` keeps what every kind shares (the model thread, session binding and
+bookkeeping, command validation, the output buffer) and picks one driver from
+`spec.kind` when it is built, so no code path asks which kind it is running.
+Every driver method runs on the model loop unless its docstring says otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
+
+from reactor_serve.interface.context import SessionContext
+from reactor_serve.runtime.input_buffer import InputBuffer
+from reactor_serve.runtime.input_latency import CommandTicket
+from reactor_serve.runtime.loading.model_spec import CommandSpec, ModelSpec
+from reactor_serve.runtime.model_thread import ModelThread
+
+if TYPE_CHECKING:
+    from reactor_serve.runtime.session import Session
+
+__all__ = ["CommandsAsTasks", "DriverHost", "KindDriver", "call_model"]
+
+
+class DriverHost(Protocol):
+    """The part of `ModelHost` a driver works through."""
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    @property
+    def model(self) -> Any:
+        """The model instance (None until loaded)."""
+
+    @property
+    def input_buffers(self) -> dict[str, InputBuffer]: ...
+
+    @property
+    def thread(self) -> ModelThread:
+        """The model thread and its loop."""
+
+    @property
+    def session(self) -> Session | None:
+        """The live session, if any."""
+
+    @property
+    def shutting_down(self) -> bool: ...
+
+    def current_context(self) -> SessionContext | None:
+        """What `get_ctx()` returns now; bound on any thread that runs model code."""
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """A task on the model loop, kept referenced until it is done."""
+
+    async def fail(self, session: Session, where: str, exc: BaseException) -> None:
+        """`where` in the model raised during `session`: count it, tell the client,
+        end the session."""
+
+    def schedule_fail(self, session: Session, where: str, exc: BaseException) -> None:
+        """`fail`, from a task that ending the session would cancel."""
+
+    async def disconnect(self, session: Session, reason: str, detail: str | None) -> None:
+        """End `session` with `reason` (the model ended it)."""
+
+    def count_model_error(self) -> None:
+        """A model error with no session to end."""
+
+    async def emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
+        """Validate, split and enqueue one emit (backpressure unless `drop`)."""
+
+    async def run_handler(
+        self, session: Session, command: CommandSpec, args: dict[str, Any],
+        ticket: CommandTicket | None = None,
+    ) -> None:
+        """Apply a validated command as a task; a failure ends the session."""
+
+    async def apply(
+        self, command: CommandSpec, args: dict[str, Any], ticket: CommandTicket | None = None
+    ) -> None:
+        """Apply a validated command now (a setter or an event handler); the next
+        emit's first frame answers `ticket`."""
+
+    def command_done(self, count: int = 1) -> None:
+        """`count` delivered commands were applied or dropped."""
+
+
+class KindDriver(Protocol):
+    """How one model kind is loaded, runs a session, and takes commands."""
+
+    #: The model's code that loads it, as named in a load error.
+    load_step: str
+
+    def create(self, config: Any) -> Any:
+        """A new model instance (its constructor runs here)."""
+
+    async def load(self, model: Any, config: Any) -> None:
+        """Load the bound model (`load(config)`, awaited if async)."""
+
+    def loaded(self) -> None:
+        """The model is loaded: start what lives as long as it does."""
+
+    def start_session(self, session: Session) -> None:
+        """The client is connected and the `@connected` hooks ran: start producing."""
+
+    def deliver(
+        self, session: Session, command: CommandSpec, args: dict[str, Any],
+        ticket: CommandTicket | None = None,
+    ) -> None:
+        """A validated command for the live `session`, by this kind's rules."""
+
+    def drop_pending(self) -> None:
+        """Forget commands delivered but not applied (a session starts or ends)."""
+
+    def input_arrived(self) -> None:
+        """A client frame reached an input buffer. Called from the transport's thread."""
+
+    async def stop(self, session: Session) -> None:
+        """`session` is stopping, before the `@disconnected` hooks: stop its producer."""
+
+    def release_inputs(self, session: Session) -> None:
+        """After the `@disconnected` hooks, before the runtime detaches the inputs."""
+
+    async def join(self, session: Session) -> None:
+        """The inputs are detached: wait for the session's producer to finish."""
+
+    def shutdown(self) -> None:
+        """The host shuts down. Called from any thread, with the model loop running."""
+
+
+class CommandsAsTasks:
+    """What the run-loop and `VideoModel` drivers share: each command runs as a task
+    of its own on the model loop, beside the producer, so a handler interleaves with
+    `run()` at its awaits (as the reference describes) and applies even while
+    `start_session()` is busy in a forward pass. Nothing is queued, so there is nothing
+    to drop; nothing waits for input, so an arrival wakes nothing; and the model's
+    `@disconnected` hooks close its inputs themselves."""
+
+    _host: DriverHost
+
+    def deliver(
+        self, session: Session, command: CommandSpec, args: dict[str, Any],
+        ticket: CommandTicket | None = None,
+    ) -> None:
+        self._host.spawn(self._host.run_handler(session, command, args, ticket))
+
+    def drop_pending(self) -> None:
+        pass
+
+    def input_arrived(self) -> None:
+        pass
+
+    def release_inputs(self, session: Session) -> None:
+        pass
+
+
+async def call_model(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call model code that may be sync or async."""
+    result = fn(*args, **kwargs)
+    if inspect.isawaitable(result):
+        return await result
+    return result

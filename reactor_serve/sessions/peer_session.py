@@ -1,0 +1,880 @@
+"""`PeerSession`: one client's WebRTC connection bound to one model session.
+
+The client offers; we answer with every candidate inline. `track_mapping` ties each
+m-line's mid to a model track: a `recvonly` m-line (the client receives) is answered
+`sendonly` with the model's output track of that name, a `sendonly` one `recvonly`
+into the model's input buffer; m-lines outside the mapping are answered inactive.
+The client opens the data channel; we never open one.
+
+Life of a session (`SessionState`): created -> waiting (first offer being answered,
+model session opening) -> streaming -> orphaned -> ended. Losing the transport
+without `stop_session` (the peer connection closed or failed, or no inbound frame for
+`idle_timeout_s`) is a network blip until proven otherwise: the session is orphaned
+for `reconnect_grace_s`. The model keeps its instance and state and is not told
+`@disconnected`; output is paused (nothing presented, so the bounded output buffer
+makes the model's `emit` wait); input stops. A new offer within the window resumes it
+on a new peer connection with fresh frames; otherwise it ends with reason `timeout`.
+`close()` ends it at once. Every end sends `sessionEnded{reason, message}` on the
+data channel first when one is open, and is recorded in `end_reason`/`end_detail`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from aiortc import (
+    RTCDataChannel,
+    RTCIceCandidate,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+from aiortc.sdp import SessionDescription
+
+from reactor_serve.protocol import channel_codec, ice_candidates
+from reactor_serve.protocol.errors import BackendError, OfferRejected, UnknownSession
+from reactor_serve.rtc import remote_candidates
+from reactor_serve.rtc.codecs import apply_bitrate_range, prefer_codec
+from reactor_serve.rtc.host_candidates import HostCandidatePolicy
+from reactor_serve.rtc.ice_servers import rtc_configuration, session_ice_servers
+from reactor_serve.rtc.sctp_guard import guard_sctp_text_frames
+from reactor_serve.rtc.sdp_offer import parse_offer
+from reactor_serve.rtc.settings import WebRTCSettings
+from reactor_serve.runtime.field_errors import command_error
+from reactor_serve.runtime.session import EndReason, Session, SessionHost
+from reactor_serve.sessions.contract import SessionState
+from reactor_serve.sessions.inbound_channel import InboundHandler
+from reactor_serve.sessions.media_tracks import OutputFanout, receive_input
+from reactor_serve.sessions.recording.recorder import SessionRecordings
+from reactor_serve.sessions.viewers.room import ViewerRoom
+
+__all__ = ["PeerSession", "TrackMapping", "parse_candidates"]
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class TrackMapping:
+    mid: str
+    name: str
+    kind: str
+    direction: str  # the client's view: recvonly = model output, sendonly = model input
+
+
+@dataclass
+class _Connection:
+    """One offer's peer connection and the candidates trickled for it."""
+
+    id: int
+    pc: RTCPeerConnection | None = None
+    # Set once the offer is applied: from then on candidates go straight to `pc`
+    # (also while the answer is still gathering).
+    remote_set: bool = False
+    pending: list[RTCIceCandidate | None] = field(default_factory=list)
+
+
+class PeerSession:
+    """A model session reached over WebRTC. Create and use it on the media loop."""
+
+    OUTBOX_LIMIT = 256
+    # How long the end of a session waits for `sessionEnded` to leave the data channel.
+    FAREWELL_S = 0.5
+    # How long ending waits for the model thread (disconnect hooks, an opening
+    # session). Past it the session is ended on our side anyway: closing must never
+    # hang on a model thread that is stuck or gone.
+    CLOSE_TIMEOUT_S = 10.0
+    # How long closing one aiortc peer connection may take.
+    PC_CLOSE_TIMEOUT_S = 5.0
+    # How long the grace timer lets a reconnect's negotiation in progress finish.
+    NEGOTIATION_WAIT_S = 10.0
+    # Candidates kept per connection before it can take them; connections remembered.
+    MAX_PENDING_CANDIDATES = 256
+    KEEP_CONNECTIONS = 8
+
+    def __init__(
+        self,
+        host: SessionHost,
+        settings: WebRTCSettings,
+        session_id: str | None = None,
+        on_end: Callable[[PeerSession], None] | None = None,
+        on_state: Callable[[PeerSession, str], None] | None = None,
+    ) -> None:
+        self.host = host
+        self.settings = settings
+        self.id = session_id or secrets.token_urlsafe(16)
+        self.on_end = on_end
+        self.on_state = on_state
+        self.ended = asyncio.Event()
+        self.end_reason: str | None = None
+        self.end_detail: str | None = None
+        self.session: Session | None = None
+        self.connections = 0
+        self.orphaned_at: float | None = None
+        self._state = SessionState.CREATED
+        self._pc: RTCPeerConnection | None = None
+        self._pc_tracks: list[Any] = []
+        self._pc_tasks: list[asyncio.Task[None]] = []
+        self._fanout: OutputFanout | None = None
+        self._channels: dict[str, RTCDataChannel] = {}
+        self._outbox: collections.deque[str] = collections.deque(maxlen=self.OUTBOX_LIMIT)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = asyncio.Lock()
+        # Every task we start, referenced until done (the loop keeps weak references).
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._opening: asyncio.Task[None] | None = None
+        self._closing: asyncio.Task[None] | None = None
+        # Why the session is ending, from the moment `close()` is called.
+        self._closing_for: tuple[str | None, str | None] = (None, None)
+        self._watchdog_task: asyncio.Task[None] | None = None
+        self._stats_task: asyncio.Task[None] | None = None
+        self._grace_task: asyncio.Task[None] | None = None
+        self._last_inbound = time.monotonic()
+        self._finishing = False
+        # Set (from the model thread) once the model's own sessionEnded is on its way.
+        self._farewell_queued = False
+        # Until when a transport loss ends the session instead of orphaning it
+        # (`request_stop_on_close`).
+        self._stop_on_close_until: float | None = None
+        self._connections_by_id: collections.OrderedDict[int, _Connection] = (
+            collections.OrderedDict()
+        )
+        self._latest: int | None = None
+        # Candidates trickled for "the latest connection" before any offer.
+        self._early_candidates: list[RTCIceCandidate | None] = []
+        # Connection ids minted here when the caller names none (negative: never one
+        # a backend mints).
+        self._local_ids = itertools.count(-1, -1)
+        self.ignored_frames = 0
+        self._inbound: InboundHandler | None = None
+        # Watch-only viewers of this session (sessions/viewers/room.py), once it is open.
+        self.viewers: ViewerRoom | None = None
+        # Recordings of this session (sessions/recording/recorder.py), once it is open; the start
+        # options the client gave (`extra_args`: `record: true` records from the start);
+        # `recording` keys overriding the model config's (serve_config.yaml).
+        self.recordings: SessionRecordings | None = None
+        self.extra_args: dict[str, Any] = {}
+        self.recording_override: dict[str, Any] | None = None
+        apply_bitrate_range(settings)
+        # Loopback only, a port range, an announced address: per peer connection.
+        self._host_candidates = HostCandidatePolicy.from_settings(settings)
+
+    # ---- state ------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """One of `SessionState`: created, waiting, streaming, orphaned, ended."""
+        return self._state
+
+    @property
+    def connection_id(self) -> int | None:
+        """The id of the latest offer's connection."""
+        return self._latest
+
+    def grace_remaining(self) -> float | None:
+        """Seconds left for a reconnect while orphaned; None otherwise."""
+        if self._state != SessionState.ORPHANED or self.orphaned_at is None:
+            return None
+        left = self.orphaned_at + self.settings.reconnect_grace_s - time.monotonic()
+        return max(0.0, left)
+
+    def ended_message(self) -> str:
+        """What a client asking about this ended session is told."""
+        reason, detail = (
+            (self.end_reason, self.end_detail) if self.end_reason else self._closing_for
+        )
+        why = reason or "unknown reason"
+        if detail:
+            why += f": {detail}"
+        return f"session {self.id} has ended ({why})"
+
+    def _set_state(self, state: str) -> None:
+        if state == self._state:
+            return
+        self._state = state
+        if self.on_state is not None:
+            try:
+                self.on_state(self, state)
+            except Exception:
+                log.exception("on_state callback failed")
+
+    def _raise_if_ended(self) -> None:
+        if self.ended.is_set() or self._closing is not None or self._finishing:
+            raise UnknownSession(self.ended_message())
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ---- negotiation ------------------------------------------------------------
+
+    def validate_offer(self, sdp_offer: Any, track_mapping: Any) -> None:
+        """Raise OfferRejected if the offer or its track mapping is malformed."""
+        _check_kinds(parse_offer(sdp_offer), self._parse_mapping(track_mapping))
+
+    async def answer(
+        self,
+        sdp_offer: str,
+        track_mapping: list[dict[str, Any]],
+        connection_id: int | None = None,
+    ) -> str:
+        """Answer `sdp_offer` on connection `connection_id` (None: a new one).
+
+        The first call opens the model session; a later one (a reconnect, or a resume
+        of an orphaned session) replaces the peer connection and keeps the model's
+        session and state. Raises OfferRejected (bad offer), UnknownSession (the
+        session has ended), or the host's SessionBusy.
+        """
+        self._loop = asyncio.get_running_loop()
+        parsed = parse_offer(sdp_offer)
+        mapping = self._parse_mapping(track_mapping)
+        # Every check that needs no model session comes before opening one.
+        _check_kinds(parsed, mapping)
+        self._raise_if_ended()
+        cid = connection_id if connection_id is not None else next(self._local_ids)
+        conn = self._connection(cid)
+        self._latest = cid
+        if self._early_candidates:
+            conn.pending[:0] = self._early_candidates
+            self._early_candidates = []
+        async with self._lock:
+            self._raise_if_ended()
+            first = self.session is None
+            if first:
+                self._set_state(SessionState.WAITING)
+                try:
+                    await self._open_model_session()
+                except asyncio.CancelledError:
+                    # Nobody will answer this session: end it rather than leave a
+                    # model session open with no client (the host would be busy).
+                    self._spawn(self.close(EndReason.CLIENT_CLOSED, "the offer was abandoned"))
+                    raise
+                except BaseException:
+                    if self._state == SessionState.WAITING and self.session is None:
+                        self._set_state(SessionState.CREATED)
+                    raise
+                self._raise_if_ended()
+            assert self._fanout is not None and self.session is not None
+            # TURN credentials minted from a secret are fresh for each connection.
+            pc = RTCPeerConnection(rtc_configuration(
+                session_ice_servers(self.settings.ice_servers, self.id),
+                self.settings.ice_transport_policy,
+            ))
+            conn.pc, conn.remote_set = pc, False
+            tracks: list[Any] = []
+            inputs: list[tuple[Any, str]] = []
+            try:
+                for media in parsed.media:
+                    if media.kind not in ("audio", "video"):
+                        continue
+                    entry = mapping.get(media.rtp.muxId)
+                    if entry is None:
+                        pc.addTransceiver(media.kind, direction="inactive")
+                        continue
+                    if entry.direction == "recvonly":
+                        track = self._fanout.track(entry.name)
+                        tracks.append(track)
+                        transceiver = pc.addTransceiver(track, direction="sendonly")
+                        if media.kind == "video":
+                            prefer_codec(transceiver, self.settings.codec)
+                    else:
+                        transceiver = pc.addTransceiver(media.kind, direction="recvonly")
+                        inputs.append((transceiver, entry.name))
+                self._wire(pc)
+                await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp_offer, type="offer"))
+                guard_sctp_text_frames(pc.sctp)
+                conn.remote_set = True
+                pending, conn.pending = conn.pending, []
+                for candidate in pending:
+                    await _add_candidate(pc, candidate)
+                # Candidates trickled from here on go straight to `pc` (see
+                # add_ice_candidates), also while the answer gathers ours.
+                if self._host_candidates is not None:
+                    # Now that the offer's bundling left one transport per group,
+                    # and before setLocalDescription gathers.
+                    self._host_candidates.apply(pc)
+                await pc.setLocalDescription(await pc.createAnswer())
+                self._raise_if_ended()
+            except BaseException as exc:
+                conn.pc, conn.remote_set = None, False
+                await self._discard_shielded(pc, tracks)
+                if isinstance(exc, asyncio.CancelledError) and first:
+                    self._spawn(self.close(EndReason.CLIENT_CLOSED, "the offer was abandoned"))
+                if isinstance(exc, (BackendError, asyncio.CancelledError)) or not isinstance(
+                    exc, Exception
+                ):
+                    raise
+                self._raise_if_ended()  # closed under us: say so, not "bad offer"
+                raise OfferRejected(f"could not negotiate the offer: {exc}") from exc
+            self._install(pc, tracks, inputs)
+            return pc.localDescription.sdp
+
+    def _connection(self, cid: int) -> _Connection:
+        conn = self._connections_by_id.get(cid)
+        if conn is None:
+            conn = self._connections_by_id[cid] = _Connection(cid)
+            while len(self._connections_by_id) > self.KEEP_CONNECTIONS:
+                self._connections_by_id.popitem(last=False)
+        return conn
+
+    def _install(self, pc: RTCPeerConnection, tracks: list[Any], inputs: list[tuple[Any, str]]) -> None:
+        """Make a freshly answered connection the session's transport."""
+        assert self.session is not None and self._fanout is not None
+        previous = (self._pc, self._pc_tracks, self._pc_tasks)
+        self._pc, self._pc_tracks, self._pc_tasks = pc, tracks, []
+        # The old connection's channels go with it; until the client's new "data"
+        # channel opens, messages wait in the outbox.
+        self._channels = {}
+        for transceiver, name in inputs:
+            self._pc_tasks.append(
+                self._spawn(receive_input(transceiver.receiver.track, name, self.session))
+            )
+        self._last_inbound = time.monotonic()
+        self.connections += 1
+        if self._grace_task is not None:
+            self._grace_task.cancel()
+            self._grace_task = None
+        if self._fanout.paused:
+            # Resuming an orphaned session: fresh frames, not what queued meanwhile.
+            self._fanout.resume()
+        self.orphaned_at = None
+        self._set_state(SessionState.STREAMING)
+        if previous[0] is not None:
+            self._spawn(self._discard(*previous))
+
+    async def add_ice_candidates(
+        self,
+        candidates: list[Any],
+        is_final: bool = False,
+        connection_id: int | None = None,
+    ) -> None:
+        """Trickled remote candidates for connection `connection_id` (None: the latest
+        offer's, or the next offer's when none came yet).
+
+        Each is `{"candidate": "candidate:...", "sdpMid", "sdpMLineIndex"}`; an empty
+        candidate, or `is_final`, marks the end of the client's candidates. Candidates
+        for a connection that cannot take them yet are kept for it. Raises
+        OfferRejected naming a malformed one (and keeps none of the batch).
+        """
+        parsed = parse_candidates(candidates, is_final)
+        self._raise_if_ended()
+        cid = connection_id if connection_id is not None else self._latest
+        if cid is None:
+            _extend_bounded(self._early_candidates, parsed, self.MAX_PENDING_CANDIDATES)
+            return
+        conn = self._connection(cid)
+        if conn.pc is None or not conn.remote_set:
+            _extend_bounded(conn.pending, parsed, self.MAX_PENDING_CANDIDATES)
+            return
+        for candidate in parsed:
+            await _add_candidate(conn.pc, candidate)
+
+    def _parse_mapping(self, track_mapping: list[dict[str, Any]]) -> dict[str, TrackMapping]:
+        if not isinstance(track_mapping, list):
+            raise OfferRejected("track_mapping must be a list of {mid, name, kind, direction}")
+        spec = self.host.spec
+        outputs = {t.name: t for t in spec.outputs}
+        inputs = {t.name: t for t in spec.inputs}
+        mapping: dict[str, TrackMapping] = {}
+        for i, raw in enumerate(track_mapping):
+            try:
+                entry = TrackMapping(
+                    mid=str(raw["mid"]),
+                    name=str(raw["name"]),
+                    kind=str(raw["kind"]),
+                    direction=str(raw["direction"]),
+                )
+            except (KeyError, TypeError, IndexError):
+                raise OfferRejected(
+                    f"track_mapping[{i}] must have mid, name, kind and direction"
+                ) from None
+            if entry.direction == "recvonly":
+                decl = outputs.get(entry.name)
+                side = "output"
+            elif entry.direction == "sendonly":
+                decl = inputs.get(entry.name)
+                side = "input"
+            else:
+                raise OfferRejected(
+                    f"track_mapping[{i}].direction must be recvonly or sendonly, "
+                    f"got {entry.direction!r}"
+                )
+            if decl is None:
+                known = ", ".join(outputs if side == "output" else inputs) or "none"
+                raise OfferRejected(
+                    f"track_mapping[{i}]: the model has no {side} track {entry.name!r} "
+                    f"({side} tracks: {known})"
+                )
+            if decl.kind != entry.kind:
+                raise OfferRejected(
+                    f"track_mapping[{i}]: track {entry.name!r} is {decl.kind}, not {entry.kind}"
+                )
+            mapping[entry.mid] = entry
+        return mapping
+
+    async def _open_model_session(self) -> None:
+        if self._opening is None:
+            self._opening = self._spawn(self._open())
+        opening = self._opening
+        try:
+            # Shielded: a cancelled offer must not cancel the model thread's connect
+            # half-way; `close()` waits for it and ends what it opened.
+            await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            if self._opening is opening:
+                self._opening = None  # a later offer may try again
+            raise
+
+    async def _open(self) -> None:
+        session = await self.host.open_session(_Sink(self), session_id=self.id)
+        self.session = session
+        self._fanout = OutputFanout(
+            session.clock, self.host.spec.outputs, on_error=self._on_fanout_error,
+            on_answer=session.frame_answered,
+        )
+        if session.ended.is_set():
+            raise OfferRejected(
+                f"the model ended the session at connect: {session.end_detail}"
+            )
+        self._fanout.start()
+        self.viewers = ViewerRoom(self.id, self.host.spec, self.settings, self._fanout)
+        self.recordings = SessionRecordings.for_session(
+            model=self.host.spec.name, session_id=self.id, config=self.host.config,
+            outputs=self.host.spec.outputs, send=self._send_runtime,
+            override=self.recording_override,
+        )
+        self.recordings.attach(self._fanout, self.extra_args.get("record"))
+        self._watchdog_task = self._spawn(self._watchdog())
+        self._stats_task = self._spawn(self._report_stats())
+
+    def _wire(self, pc: RTCPeerConnection) -> None:
+        @pc.on("datachannel")
+        def on_datachannel(channel: RTCDataChannel) -> None:
+            if pc is not self._pc:
+                return
+            self._channels[channel.label] = channel
+
+            @channel.on("message")
+            def on_message(raw: str | bytes) -> None:
+                # Any inbound frame, even one nobody can read, shows the client is
+                # alive (the watchdog's clock), whatever the parsing makes of it.
+                self._last_inbound = time.monotonic()
+                self._on_channel_message(channel.label, raw)
+
+            @channel.on("open")
+            def on_open() -> None:
+                self._flush_outbox()
+
+            self._flush_outbox()
+
+        @pc.on("connectionstatechange")
+        def on_state() -> None:
+            if pc is self._pc and pc.connectionState in ("failed", "closed"):
+                self._spawn(self._lose_transport(pc, pc.connectionState))
+
+    async def _discard(
+        self, pc: RTCPeerConnection | None, tracks: list[Any], tasks: Any = ()
+    ) -> None:
+        for task in tasks:
+            task.cancel()
+        if self._fanout is not None:
+            for track in tracks:
+                self._fanout.release(track)
+        if pc is not None:
+            closing = self._spawn(pc.close())
+            done, _ = await asyncio.wait({closing}, timeout=self.PC_CLOSE_TIMEOUT_S)
+            if not done:
+                log.warning("session %s: a peer connection did not close within %.0f s",
+                            self.id, self.PC_CLOSE_TIMEOUT_S)
+            elif not closing.cancelled() and closing.exception() is not None:
+                log.warning("session %s: closing a peer connection failed: %r",
+                            self.id, closing.exception())
+
+    async def _discard_shielded(self, pc: RTCPeerConnection, tracks: list[Any]) -> None:
+        # Runs even when the caller is being cancelled: no RTCPeerConnection leaks.
+        try:
+            await asyncio.shield(self._spawn(self._discard(pc, tracks)))
+        except asyncio.CancelledError:
+            pass
+
+    # ---- losing the transport: orphaned -----------------------------------------
+
+    async def _lose_transport(self, pc: RTCPeerConnection | None, why: str) -> None:
+        """The client's transport is gone (`why`: closed, failed or idle)."""
+        if pc is not self._pc or self._state != SessionState.STREAMING:
+            return
+        if self._closing is not None or self._finishing:
+            return
+        until = self._stop_on_close_until
+        if until is not None and time.monotonic() <= until:
+            # The client asked to stop (a stop_session naming no session) and then
+            # closed its connection: that close is the stop.
+            await self.close(EndReason.CLIENT_CLOSED, "the client stopped the session")
+            return
+        grace = self.settings.reconnect_grace_s
+        if grace <= 0:
+            if why == "closed":
+                await self.close(EndReason.CLIENT_CLOSED)
+            elif why == "idle":
+                await self.close(
+                    EndReason.TIMEOUT,
+                    f"no message from the client for {self.settings.idle_timeout_s:g} s",
+                )
+            else:
+                await self.close(EndReason.TIMEOUT, "the connection to the client failed")
+            return
+        self._orphan(why)
+
+    def _orphan(self, why: str) -> None:
+        pc, tracks, tasks = self._pc, self._pc_tracks, self._pc_tasks
+        self._pc, self._pc_tracks, self._pc_tasks = None, [], []
+        self._channels = {}
+        self.orphaned_at = time.monotonic()
+        if self._fanout is not None:
+            self._fanout.pause()
+        log.info("session %s: transport %s; orphaned for up to %g s",
+                 self.id, why, self.settings.reconnect_grace_s)
+        self._set_state(SessionState.ORPHANED)
+        self._spawn(self._discard(pc, tracks, tasks))
+        self._grace_task = self._spawn(self._grace(self.orphaned_at))
+
+    async def _grace(self, orphaned_at: float) -> None:
+        grace = self.settings.reconnect_grace_s
+        await asyncio.sleep(max(0.0, orphaned_at + grace - time.monotonic()))
+        if self._lock.locked():
+            # A reconnect is being answered: the client came back in time.
+            try:
+                await asyncio.wait_for(self._lock.acquire(), self.NEGOTIATION_WAIT_S)
+                self._lock.release()
+            except asyncio.TimeoutError:
+                pass
+        if self._state == SessionState.ORPHANED and self.orphaned_at == orphaned_at:
+            await self.close(
+                EndReason.TIMEOUT, f"the client did not reconnect within {grace:g} s"
+            )
+
+    async def request_stop_on_close(self, window_s: float = 5.0) -> bool:
+        """A stop that may mean this session (a `stop_session` naming none).
+
+        Orphaned within the last `window_s`: the client closed and then stopped, so
+        end it now. Otherwise, if its transport is lost within the next `window_s`,
+        end it then instead of orphaning it. Returns whether it applied (False for an
+        ended session, or one orphaned longer ago)."""
+        if self.ended.is_set() or self._closing is not None or self._finishing:
+            return False
+        now = time.monotonic()
+        if self._state == SessionState.ORPHANED:
+            if self.orphaned_at is not None and now - self.orphaned_at <= window_s:
+                await self.close(EndReason.CLIENT_CLOSED, "the client stopped the session")
+                return True
+            return False
+        self._stop_on_close_until = now + window_s
+        return True
+
+    # ---- the data channel -------------------------------------------------------
+
+    def _on_channel_message(self, label: str, raw: str | bytes) -> None:
+        # Any inbound frame, even one we cannot read, shows the client is alive.
+        self._last_inbound = time.monotonic()
+        # Decoding, routing and the per-session command rate limit live in
+        # inbound_channel.py, whose handler never raises: an exception out of an aiortc
+        # "message" handler closes the whole transport.
+        try:
+            self.inbound.on_message(label, raw)
+        except Exception:  # only if making the handler failed: on_message itself is total
+            log.exception("session %s: could not handle a %s frame", self.id, label)
+
+    @property
+    def inbound(self) -> InboundHandler:
+        """The handler of this session's inbound frames, made on first use; it lives as
+        long as the session, so its rate limit survives reconnects."""
+        if self._inbound is None:
+            self._inbound = self._make_inbound()
+        return self._inbound
+
+    def _make_inbound(self) -> InboundHandler:
+        # The handler reads the peer through these small closures only, so that the peer's
+        # session (opened after the first offer) and channels (replaced on reconnect) are
+        # looked up per frame.
+        def command(name: str, args: dict[str, Any], command_id: str | int | None) -> str | int | None:
+            session = self.session
+            if session is None:
+                return command_id
+            return session.command(name, args, command_id).id
+
+        def report_latency(command_id: Any, latency_ms: Any) -> str | None:
+            session = self.session
+            if session is None:
+                return "no session"
+            return session.report_latency(command_id, latency_ms)
+
+        def send_control(text: str) -> None:
+            channel = self._channels.get("control")
+            if channel is not None and channel.readyState == "open":
+                channel.send(text)
+
+        def ignored() -> None:
+            self.ignored_frames += 1
+
+        def on_command(
+            name: str, args: Any, error: dict[str, Any] | None, command_id: str | int | None
+        ) -> None:
+            recordings = self.recordings
+            if recordings is not None:
+                recordings.command(name, args, error, command_id)
+
+        def recording(type_: str, data: dict[str, Any]) -> None:
+            recordings = self.recordings
+            if recordings is not None:
+                recordings.request(type_, data)
+            else:
+                self._send(channel_codec.runtime("recordingError", command_error(
+                    type_, "the session is not open yet", [{"field": None, "rule": "not_open", "value": None}]
+                )))
+
+        return InboundHandler(
+            session_id=self.id,
+            command=command,
+            send=self._send,
+            send_control=send_control,
+            spec=lambda: self.host.spec,
+            on_ignored=ignored,
+            report_latency=report_latency,
+            on_command=on_command,
+            recording=recording,
+        )
+
+    def _send(self, text: str) -> None:
+        channel = self._channels.get("data")
+        if channel is not None and channel.readyState == "open":
+            channel.send(text)
+        else:
+            self._outbox.append(text)
+
+    def _send_runtime(self, type_: str, data: dict[str, Any]) -> None:
+        try:
+            self._send(channel_codec.runtime(type_, data))
+        except channel_codec.ProtocolError:
+            log.exception("session %s: a %s message is not JSON", self.id, type_)
+
+    def _flush_outbox(self) -> None:
+        channel = self._channels.get("data")
+        while self._outbox and channel is not None and channel.readyState == "open":
+            channel.send(self._outbox.popleft())
+
+    # ---- what the model session sends: called from the model's threads -------------
+
+    def _deliver(self, envelope: dict[str, Any]) -> None:
+        data = envelope["data"]
+        if envelope.get("scope") == "runtime":
+            if data.get("type") == "sessionEnded":
+                self._farewell_queued = True
+            recordings = self.recordings
+            if data.get("type") == "commandError" and recordings is not None and self._loop is not None:
+                # The recording's command log marks the command it names rejected.
+                self._loop.call_soon_threadsafe(recordings.command_error, data.get("data"))
+            text = channel_codec.runtime(data["type"], data.get("data", {}))
+        else:
+            text = channel_codec.application(data)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._send, text)
+            viewers = self.viewers
+            if viewers is not None and ViewerRoom.shares(envelope):
+                ending = envelope.get("scope") == "runtime" and data.get("type") == "sessionEnded"
+                loop.call_soon_threadsafe(viewers.broadcast, text, ending)
+
+    def _model_ended(self, reason: str, detail: str | None) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._on_model_ended, reason, detail)
+
+    def _on_model_ended(self, reason: str, detail: str | None) -> None:
+        self._spawn(self._finish(reason, detail))
+
+    def _on_fanout_error(self, exc: BaseException) -> None:
+        self._spawn(
+            self.close(EndReason.ERROR, f"sending the output failed: {type(exc).__name__}: {exc}")
+        )
+
+    # ---- ending -----------------------------------------------------------------
+
+    async def close(self, reason: str = EndReason.CLIENT_CLOSED, message: str | None = None) -> None:
+        """End the session now (whatever its state) and wait until it is cleaned up.
+
+        The model is told `@disconnected`; the client gets `sessionEnded{reason,
+        message}` first if its data channel is open. Every wait is bounded, and a
+        cancelled caller does not leave the session half-closed."""
+        if self.ended.is_set():
+            return
+        if self._closing is None:
+            self._closing_for = (reason, message)
+            self._closing = self._spawn(self._close(reason, message))
+        await asyncio.shield(self._closing)
+
+    async def _close(self, reason: str, message: str | None) -> None:
+        if self._grace_task is not None and self._grace_task is not asyncio.current_task():
+            self._grace_task.cancel()
+        opening = self._opening
+        if opening is not None and not opening.done():
+            await asyncio.wait({opening}, timeout=self.CLOSE_TIMEOUT_S)
+        session = self.session
+        if session is not None and not session.ended.is_set():
+            ending = self._spawn(self.host.end_session(session, reason, message))
+            done, _ = await asyncio.wait({ending}, timeout=self.CLOSE_TIMEOUT_S)
+            if not done:
+                log.warning("session %s: the model thread did not end the session within "
+                            "%.0f s; ending it here", self.id, self.CLOSE_TIMEOUT_S)
+            elif ending.cancelled() or ending.exception() is not None:
+                log.warning("session %s: ending the model session failed", self.id)
+        await self._finish(reason, message)
+
+    async def _finish(self, reason: str, detail: str | None) -> None:
+        if self._finishing:
+            await self.ended.wait()
+            return
+        self._finishing = True
+        self.end_reason, self.end_detail = reason, detail
+        if not self._farewell_queued:
+            # The model thread did not send it (gone, stuck, or never connected).
+            self._farewell_queued = True
+            data: dict[str, Any] = {"reason": reason}
+            if detail:
+                data["message"] = detail
+            channel = self._channels.get("data")
+            if channel is not None and channel.readyState == "open":
+                channel.send(channel_codec.runtime("sessionEnded", data))
+        await self._drain_data_channel()
+        current = asyncio.current_task()
+        for task in (self._watchdog_task, self._stats_task, self._grace_task):
+            if task is not None and task is not current:
+                task.cancel()
+        pc, tracks, tasks = self._pc, self._pc_tracks, self._pc_tasks
+        self._pc, self._pc_tracks, self._pc_tasks = None, [], []
+        await self._discard(pc, tracks, tasks)
+        for conn in self._connections_by_id.values():
+            if conn.pc is not None and conn.pc is not pc:
+                await self._discard(conn.pc, [])  # an offer abandoned mid-way
+                conn.pc = None
+        if self.viewers is not None:
+            await self.viewers.close(reason, detail)
+        if self.recordings is not None:
+            # Bounded: the files are complete once the session has ended.
+            await self.recordings.close(reason)
+        if self._fanout is not None:
+            await self._fanout.stop()
+        self._set_state(SessionState.ENDED)
+        self.ended.set()
+        if self.on_end is not None:
+            try:
+                self.on_end(self)
+            except Exception:
+                log.exception("on_end callback failed")
+
+    async def _drain_data_channel(self) -> None:
+        channel = self._channels.get("data")
+        if channel is None or channel.readyState != "open":
+            return
+        deadline = time.monotonic() + self.FAREWELL_S
+        while channel.readyState == "open" and channel.bufferedAmount > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # let SCTP put the last message on the wire
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.settings.idle_timeout_s / 4))
+            if (
+                self._state == SessionState.STREAMING
+                and time.monotonic() - self._last_inbound > self.settings.idle_timeout_s
+            ):
+                log.info("session %s: no inbound frame for %.0f s",
+                         self.id, self.settings.idle_timeout_s)
+                await self._lose_transport(self._pc, "idle")
+
+    async def _report_stats(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.stats_interval_s)
+            if self.session is None or self._fanout is None:
+                continue
+            if self._state != SessionState.STREAMING:
+                continue  # nobody to show them to
+            stats = self.stats()
+            stats["connections"] = self.connections
+            try:
+                text = channel_codec.runtime("stats", stats)
+                self._send(text)
+                if self.viewers is not None:
+                    self.viewers.broadcast(text)
+            except channel_codec.ProtocolError:
+                log.exception("session %s: stats are not JSON", self.id)
+
+    def stats(self) -> dict[str, Any]:
+        data = self.session.stats() if self.session is not None else {}
+        if self._fanout is not None:
+            data["superseded"] = self._fanout.superseded()
+        if self.viewers is not None:
+            data.update(self.viewers.stats())
+        if self.recordings is not None and self.recordings.enabled:
+            data.update(self.recordings.stats())
+        return data
+
+
+def parse_candidates(candidates: Any, is_final: bool = False) -> list[RTCIceCandidate | None]:
+    """A client's trickled candidates as RTCIceCandidates (None: end of candidates).
+
+    Checked by the same rules as the HTTP routes' (`ice_candidates`). Raises
+    OfferRejected naming the first malformed one; nothing is kept then."""
+    try:
+        return remote_candidates.ice_candidates(candidates, is_final)
+    except ice_candidates.CandidateError as exc:
+        raise OfferRejected(str(exc)) from None
+
+
+async def _add_candidate(pc: RTCPeerConnection, candidate: RTCIceCandidate | None) -> None:
+    # A candidate the connection cannot use (closed, no such m-line) is not the
+    # session's problem: log it and go on.
+    if pc.connectionState == "closed":
+        return
+    try:
+        await pc.addIceCandidate(candidate)
+    except Exception as exc:
+        log.warning("an ICE candidate was not usable: %r", exc)
+
+
+def _extend_bounded(target: list[Any], items: list[Any], limit: int) -> None:
+    if len(target) + len(items) > limit:
+        raise OfferRejected(f"too many candidates before the offer (at most {limit})")
+    target.extend(items)
+
+
+
+
+def _check_kinds(parsed: SessionDescription, mapping: dict[str, TrackMapping]) -> None:
+    for media in parsed.media:
+        entry = mapping.get(media.rtp.muxId)
+        if entry is not None and media.kind in ("audio", "video") and entry.kind != media.kind:
+            raise OfferRejected(
+                f"track_mapping: mid {entry.mid!r} is a {media.kind} m-line but "
+                f"is mapped to {entry.kind} track {entry.name!r}"
+            )
+
+
+class _Sink:
+    """The model session's SessionSink for a PeerSession (whose `ended` is an Event)."""
+
+    def __init__(self, peer: PeerSession) -> None:
+        self._peer = peer
+
+    def message(self, envelope: dict[str, Any]) -> None:
+        self._peer._deliver(envelope)
+
+    def ended(self, reason: str, detail: str | None) -> None:
+        self._peer._model_ended(reason, detail)

@@ -1,0 +1,596 @@
+"""`SingleSessionBackend`: the sessions of one `SessionHost`, one live at a time.
+
+It implements the `SessionBackend` contract (sessions/contract.py) for `reactor run`
+and for each Serve replica's one slot: one live session at a time, as the host allows;
+an orphaned session counts as live until its client reconnects or its grace ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from reactor_serve.protocol.errors import (
+    BackendError,
+    ModelBusy,
+    ModelUnavailable,
+    NegotiationFailed,
+    UnknownSession,
+    ViewersUnavailable,
+)
+from reactor_serve.rtc.ice_servers import client_ice_servers, session_ice_servers
+from reactor_serve.rtc.node_network import with_node_network
+from reactor_serve.runtime.loading.model_spec import ModelSpec
+from reactor_serve.runtime.session import EndReason
+from reactor_serve.sessions.contract import (
+    AnswerPending,
+    ClientIdentity,
+    SdpAnswer,
+    SessionInfo,
+    SessionState,
+    mask_session_id,
+)
+
+if TYPE_CHECKING:
+    from reactor_serve.rtc.settings import WebRTCSettings
+    from reactor_serve.runtime.session import SessionHost
+    from reactor_serve.sessions.peer_session import PeerSession
+    from reactor_serve.sessions.viewers.room import ViewerRoom
+
+__all__ = ["SingleSessionBackend"]
+
+log = logging.getLogger("reactor_serve.sessions.single_session")
+
+PeerFactory = Callable[..., "PeerSession"]
+
+
+def _default_peer_factory() -> PeerFactory:
+    # Imported late: aiortc costs import time, and tests swap in a fake.
+    from reactor_serve.sessions.peer_session import PeerSession
+
+    return PeerSession
+
+
+class _Slot:
+    """One session of the SingleSessionBackend: its PeerSession and its negotiations."""
+
+    def __init__(self, info: SessionInfo, client: ClientIdentity, peer: PeerSession) -> None:
+        self.info = info
+        self.client = client
+        self.peer = peer
+        # connection id -> the task answering that offer (result: the SDP answer)
+        self.negotiations: collections.OrderedDict[int, asyncio.Task[str]] = (
+            collections.OrderedDict()
+        )
+        # Connection ids handed out by register_connection that got no offer yet.
+        self.registered: collections.OrderedDict[int, None] = collections.OrderedDict()
+        # Connection ids are per session, from 1: a replica re-registers a session's
+        # connections in order and expects the same ids (serve/replica.py).
+        self.ids = itertools.count(1)
+        self.latest: int | None = None
+        self.answered = False
+        self.expiry: asyncio.TimerHandle | None = None
+        self.expires_at: float | None = None
+        self.closing: asyncio.Task[None] | None = None
+
+    def knows(self, connection_id: int) -> bool:
+        return connection_id in self.registered or connection_id in self.negotiations
+
+    def ended_message(self) -> str:
+        info = self.info
+        why = info.end_reason or "unknown reason"
+        if info.end_message:
+            why += f": {info.end_message}"
+        return f"session {info.session_id} has ended ({why})"
+
+
+class SingleSessionBackend:
+    """A `SessionBackend` for one `SessionHost` (the model in its own process, or in
+    this one): one live session at a time.
+
+    An orphaned session is live: it holds the model (and its state) until its client
+    reconnects or the grace ends, so a new session meanwhile gets 409 with a
+    Retry-After of the grace left. Ended sessions are remembered (bounded), so a late
+    poll, offer or stop learns that the session ended and why.
+    """
+
+    # Negotiations and registered connections kept per session; older ones are dropped.
+    KEEP_NEGOTIATIONS = 8
+    KEEP_REGISTERED = 16
+    # Ended sessions remembered, so late polls and stops get a clear answer.
+    KEEP_ENDED = 32
+    # `stop_unnamed`: how recent a transport loss counts as "the client just closed",
+    # and how long a later one still counts as the stop's.
+    STOP_UNNAMED_WINDOW_S = 5.0
+    # Retry-After for a model that is not loaded.
+    UNAVAILABLE_RETRY_S = 5.0
+
+    def __init__(
+        self,
+        host: SessionHost,
+        settings: WebRTCSettings,
+        *,
+        offer_timeout_s: float = 30.0,
+        peer_factory: PeerFactory | None = None,
+    ) -> None:
+        self._host = host
+        # This node's address, port range and transport policy (environment) win; a
+        # malformed one fails here, where `reactor run` or a Serve replica starts.
+        self._settings = with_node_network(settings)
+        self._offer_timeout_s = offer_timeout_s
+        self._peer_factory = peer_factory
+        # The model's `recording` settings, validated, for every session's recorder
+        # (sessions/recording/recorder.py); None: read from the model config per session.
+        self.recording_override: dict[str, Any] | None = None
+        self._current: _Slot | None = None
+        self._ended: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
+        # Tasks we start, referenced until done (the loop keeps weak references).
+        self._tasks: set[asyncio.Task[Any]] = set()
+        # Viewer token -> the session it watches (ViewerBackend).
+        self._watch_tokens: dict[str, _Slot] = {}
+
+    # ---- SessionBackend --------------------------------------------------------------
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._host.spec
+
+    @property
+    def healthy(self) -> bool:
+        return self._host.healthy
+
+    @property
+    def settings(self) -> WebRTCSettings:
+        return self._settings
+
+    async def create_session(
+        self,
+        extra_args: dict[str, Any],
+        client: ClientIdentity | None = None,
+        *,
+        session_id: str | None = None,
+    ) -> SessionInfo:
+        """Reserve the one session (state `created`). `session_id`: an id chosen by
+        the caller (a Serve replica takes the ingress's), else a fresh random one."""
+        if not self._host.healthy:
+            error = self._host.load_error
+            raise ModelUnavailable(
+                f"model {self.spec.name} is not loaded"
+                + (f": {error}" if error is not None else ""),
+                retry_after_s=None if error is not None else self.UNAVAILABLE_RETRY_S,
+            )
+        current = self._current
+        if current is not None:
+            raise ModelBusy(
+                f"model {self.spec.name} is busy with another session"
+                + (" (waiting for its client to reconnect)"
+                   if current.info.state == SessionState.ORPHANED else ""),
+                retry_after_s=self._busy_for(current),
+            )
+        sid = session_id or secrets.token_urlsafe(16)
+        if sid in self._ended:
+            raise UnknownSession(self._ended[sid].ended_message())
+        info = SessionInfo(
+            session_id=sid,
+            state=SessionState.CREATED,
+            created_at=time.time(),
+            extra_args=dict(extra_args),
+        )
+        factory = self._peer_factory or _default_peer_factory()
+        peer = factory(
+            self._host,
+            self._settings,
+            session_id=sid,
+            on_end=self._on_peer_end,
+            on_state=self._on_peer_state,
+        )
+        # Start options (`record`, sessions/recording/recorder.py) travel with the peer.
+        peer.extra_args = dict(extra_args)
+        peer.recording_override = self.recording_override
+        slot = self._current = _Slot(info, client or ClientIdentity(""), peer)
+        self._arm_expiry(slot)
+        return _snapshot(slot)
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        return _snapshot(self._slot(session_id))
+
+    def live_sessions(self) -> list[SessionInfo]:
+        return [_snapshot(self._current)] if self._current is not None else []
+
+    async def submit_offer(
+        self,
+        session_id: str,
+        sdp_offer: str,
+        track_mapping: list[dict[str, Any]],
+        connection_id: int | None = None,
+    ) -> int:
+        slot = self._live_slot(session_id)
+        if connection_id is not None and (
+            not isinstance(connection_id, int) or not slot.knows(connection_id)
+        ):
+            raise UnknownSession(f"unknown connection {connection_id!r} for session {session_id}")
+        # A malformed offer is refused here (400) and changes nothing: no
+        # negotiation, the offer expiry keeps running.
+        slot.peer.validate_offer(sdp_offer, track_mapping)
+        cid = connection_id if connection_id is not None else next(slot.ids)
+        slot.registered.pop(cid, None)
+        self._cancel_expiry(slot)
+        task = self._spawn(
+            self._negotiate(slot, sdp_offer, track_mapping, cid),
+            name=f"reactor-offer-{cid}",
+        )
+        task.add_done_callback(_retrieve)
+        # The newest offer is what a poll without a connection id sees from now on, so
+        # a reconnect never hands out the previous connection's answer.
+        slot.negotiations[cid] = task
+        slot.negotiations.move_to_end(cid)
+        slot.latest = cid
+        while len(slot.negotiations) > self.KEEP_NEGOTIATIONS:
+            slot.negotiations.popitem(last=False)
+        return cid
+
+    async def register_connection(self, session_id: str) -> int:
+        slot = self._live_slot(session_id)
+        cid = next(slot.ids)
+        slot.registered[cid] = None
+        while len(slot.registered) > self.KEEP_REGISTERED:
+            slot.registered.popitem(last=False)
+        return cid
+
+    async def poll_answer(
+        self, session_id: str, connection_id: int | None
+    ) -> SdpAnswer | AnswerPending:
+        slot = self._slot(session_id)
+        ended = slot.info.state == SessionState.ENDED
+        cid = slot.latest if connection_id is None else connection_id
+        if cid is None or cid in slot.registered:
+            if ended:
+                raise UnknownSession(slot.ended_message())
+            return AnswerPending({"status": "awaiting_offer"})
+        task = slot.negotiations.get(cid)
+        if task is None:
+            raise UnknownSession(f"unknown connection {cid!r} for session {session_id}")
+        if ended:
+            # An answer to a session that is over would only mislead the client.
+            raise UnknownSession(slot.ended_message())
+        if not task.done():
+            return AnswerPending({"status": "pending"})
+        if task.cancelled():
+            raise NegotiationFailed("the offer was abandoned")
+        error = task.exception()
+        if error is not None:
+            # A fresh exception per poll: re-raising one object grows its traceback.
+            if isinstance(error, BackendError):
+                raise type(error)(str(error), error.retry_after_s)
+            raise NegotiationFailed(str(error))
+        return SdpAnswer(task.result(), cid)
+
+    async def add_ice_candidates(
+        self,
+        session_id: str,
+        connection_id: int | None,
+        candidates: list[Any],
+        is_final: bool,
+    ) -> None:
+        slot = self._live_slot(session_id)
+        if connection_id is not None and (
+            not isinstance(connection_id, int) or not slot.knows(connection_id)
+        ):
+            raise UnknownSession(f"unknown connection {connection_id!r} for session {session_id}")
+        # Parsed and checked at once: a malformed candidate is a 400 and nothing of
+        # its batch is kept, so it cannot poison a later offer.
+        await slot.peer.add_ice_candidates(candidates, is_final, connection_id=connection_id)
+
+    async def stop_session(self, session_id: str) -> None:
+        await self.end_session(session_id, EndReason.CLIENT_CLOSED, None)
+
+    async def end_session(self, session_id: str, reason: str, message: str | None = None) -> None:
+        """End the session now with `reason` (sent as `sessionEnded{reason, message}`);
+        a no-op for an ended one. Raises UnknownSession."""
+        slot = self._slot(session_id)
+        if slot.info.state == SessionState.ENDED:
+            return
+        await self._close(slot, reason, message)
+
+    async def stop_unnamed(self, client: ClientIdentity) -> int:
+        slot = self._current
+        if slot is None or slot.client != client or slot.closing is not None:
+            return 0
+        matched = await slot.peer.request_stop_on_close(self.STOP_UNNAMED_WINDOW_S)
+        return 1 if matched else 0
+
+    async def describe_sessions(self) -> list[dict[str, Any]]:
+        slot = self._current
+        if slot is None:
+            return []
+        entry: dict[str, Any] = {
+            "session_id": mask_session_id(slot.info.session_id),
+            "state": slot.info.state,
+            "created_at": slot.info.created_at,
+            "connections": getattr(slot.peer, "connections", 0),
+            "where": "local",
+        }
+        if slot.info.state == SessionState.ORPHANED:
+            entry["reconnect_within_s"] = self._busy_for(slot)
+        return [entry]
+
+    async def health(self) -> dict[str, Any]:
+        report: dict[str, Any] = {
+            "healthy": self._host.healthy,
+            "live_sessions": 1 if self._current is not None else 0,
+            "model": self.spec.name,
+        }
+        if self._host.load_error is not None:
+            report["load_error"] = str(self._host.load_error)
+        return report
+
+    def ice_servers(self, session_id: str) -> list[dict[str, Any]]:
+        return client_ice_servers(session_ice_servers(self._settings.ice_servers, session_id))
+
+    def capacity(self) -> dict[str, int]:
+        """The same shape as a Serve model's capacity in `GET /models`: one replica
+        (this process; none once the model thread is gone), busy while a session is
+        live (an orphaned one included), and no queue: a second session gets 409."""
+        replicas = 1 if self._host.healthy else 0
+        busy = 1 if self._current is not None and replicas else 0
+        return {"replicas": replicas, "starting": 0, "busy": busy, "free": replicas - busy,
+                "waiting": 0, "max_replicas": 1}
+
+    # ---- ViewerBackend: watch-only links ----------------------------------------------
+
+    async def viewer_link(self, session_id: str) -> dict[str, Any]:
+        slot = self._live_slot(session_id)
+        if self._settings.max_viewers == 0:
+            raise ViewersUnavailable(
+                f"model {self.spec.name} takes no viewers (webrtc.max_viewers is 0)"
+            )
+        room = self._room(slot)
+        token = room.link()
+        self._watch_tokens[token] = slot
+        return {"viewer_token": token, "viewers": room.count, "max_viewers": room.max_viewers}
+
+    async def revoke_viewers(self, session_id: str) -> bool:
+        slot = self._live_slot(session_id)
+        room: ViewerRoom | None = getattr(slot.peer, "viewers", None)
+        if room is None:
+            return False
+        if room.token is not None:
+            self._watch_tokens.pop(room.token, None)
+        return await room.revoke()
+
+    async def watch_info(self, viewer_token: str) -> dict[str, Any]:
+        slot, room = self._watched(viewer_token)
+        return {"state": slot.info.state, "viewers": room.count, "max_viewers": room.max_viewers}
+
+    async def watch_offer(
+        self, viewer_token: str, sdp_offer: str, track_mapping: list[dict[str, Any]]
+    ) -> int:
+        return self._watched(viewer_token)[1].offer(sdp_offer, track_mapping)
+
+    async def watch_poll(self, viewer_token: str, connection_id: int) -> SdpAnswer | AnswerPending:
+        return self._watched(viewer_token)[1].poll(connection_id)
+
+    async def watch_ice_servers(self, viewer_token: str) -> list[dict[str, Any]]:
+        self._watched(viewer_token)
+        # Minted for the token: a TURN username never carries the session id.
+        return client_ice_servers(session_ice_servers(self._settings.ice_servers, viewer_token))
+
+    def _room(self, slot: _Slot) -> ViewerRoom:
+        room: ViewerRoom | None = getattr(slot.peer, "viewers", None)
+        if room is None:
+            raise ViewersUnavailable(
+                "the session is not streaming yet: ask for a viewer link once it streams"
+            )
+        return room
+
+    def _watched(self, viewer_token: str) -> tuple[_Slot, ViewerRoom]:
+        slot = self._watch_tokens.get(viewer_token) if isinstance(viewer_token, str) else None
+        room = getattr(slot.peer, "viewers", None) if slot is not None else None
+        if (
+            slot is None or room is None or slot is not self._current
+            or slot.closing is not None or not room.admits(viewer_token)
+        ):
+            # One answer for a token never issued, revoked, or whose session ended: a
+            # viewer learns nothing about other sessions from it.
+            raise UnknownSession("unknown viewer link, or the session it watched has ended")
+        return slot, room
+
+    # ---- for the Serve replica and operators ----------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The live session's numbers (fps, queue depth, ...), or {} with none."""
+        slot = self._current
+        if slot is None or slot.info.state in (SessionState.CREATED, SessionState.ENDED):
+            return {}
+        return slot.peer.stats()
+
+    def input_latencies(self, session_id: str, since: int) -> tuple[list[float], int]:
+        """Input-to-frame latencies (ms) the session's client reported after its first
+        `since`, and how many it has reported in all: for a metric that observes each."""
+        try:
+            session = self._slot(session_id).peer.session
+        except UnknownSession:
+            session = None
+        if session is None:
+            return [], since
+        return session.input_latency.since(since), session.input_latency.count
+
+    async def wait_ended(self, session_id: str, timeout: float) -> bool:
+        """Wait up to `timeout` s for the session to end; whether it has."""
+        slot = self._slot(session_id)
+        if slot.info.state != SessionState.ENDED:
+            try:
+                await asyncio.wait_for(asyncio.shield(slot.peer.ended.wait()), timeout)
+            except asyncio.TimeoutError:
+                pass
+        return slot.info.state == SessionState.ENDED or slot.peer.ended.is_set()
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """End the live session, streaming or orphaned (server shutdown): its client
+        gets `sessionEnded{reason: "shutdown"}` before the transport closes."""
+        slot = self._current
+        if slot is not None:
+            await self._close(slot, EndReason.SHUTDOWN, "the server is shutting down")
+
+    # ---- internals -------------------------------------------------------------------
+
+    def _spawn(self, coro: Any, name: str | None = None) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _slot(self, session_id: str) -> _Slot:
+        current = self._current
+        if current is not None and current.info.session_id == session_id:
+            return current
+        slot = self._ended.get(session_id) if isinstance(session_id, str) else None
+        if slot is None:
+            raise UnknownSession(f"unknown session {str(session_id)[:64]!r}")
+        return slot
+
+    def _live_slot(self, session_id: str) -> _Slot:
+        slot = self._slot(session_id)
+        if slot is not self._current or slot.info.state == SessionState.ENDED:
+            raise UnknownSession(slot.ended_message())
+        if slot.closing is not None:
+            raise UnknownSession(f"session {session_id} is ending")
+        return slot
+
+    def _busy_for(self, slot: _Slot) -> float | None:
+        """Retry-After for a new session while `slot` holds the model."""
+        if slot.info.state == SessionState.ORPHANED:
+            left = slot.peer.grace_remaining()
+            return None if left is None else max(1.0, round(left, 1))
+        if not slot.answered and slot.expires_at is not None:
+            return max(1.0, round(slot.expires_at - time.monotonic(), 1))
+        return None
+
+    async def _negotiate(
+        self, slot: _Slot, sdp_offer: str, mapping: list[dict[str, Any]], cid: int
+    ) -> str:
+        from reactor_serve.runtime.host import SessionBusy
+
+        try:
+            answer = await slot.peer.answer(sdp_offer, mapping, connection_id=cid)
+        except (BackendError, SessionBusy) as exc:
+            # The session may still get a good offer; if none comes, let it expire.
+            if not slot.answered and slot is self._current and slot.closing is None:
+                self._arm_expiry(slot)
+            if isinstance(exc, SessionBusy):
+                raise ModelBusy(str(exc)) from exc
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("session %s: answering the offer failed", mask_session_id(slot.info.session_id))
+            message = f"could not answer the offer: {type(exc).__name__}: {exc}"
+            if slot.closing is None and slot.info.state != SessionState.ENDED:
+                slot.closing = self._spawn(self._finish(slot, EndReason.ERROR, message))
+            raise NegotiationFailed(message) from exc
+        slot.answered = True
+        return answer
+
+    def _arm_expiry(self, slot: _Slot) -> None:
+        self._cancel_expiry(slot)
+        loop = asyncio.get_running_loop()
+        slot.expires_at = time.monotonic() + self._offer_timeout_s
+        slot.expiry = loop.call_later(self._offer_timeout_s, self._expire, slot)
+
+    @staticmethod
+    def _cancel_expiry(slot: _Slot) -> None:
+        if slot.expiry is not None:
+            slot.expiry.cancel()
+        slot.expiry = slot.expires_at = None
+
+    def _expire(self, slot: _Slot) -> None:
+        slot.expiry = slot.expires_at = None
+        if slot is not self._current or slot.answered or slot.closing is not None:
+            return
+        if any(not task.done() for task in slot.negotiations.values()):
+            return  # its outcome re-arms the expiry if it fails
+        log.info("session %s got no usable offer within %.0f s; ending it",
+                 mask_session_id(slot.info.session_id), self._offer_timeout_s)
+        slot.closing = self._spawn(
+            self._finish(
+                slot, EndReason.TIMEOUT, f"no usable offer within {self._offer_timeout_s:g} s"
+            )
+        )
+
+    async def _close(self, slot: _Slot, reason: str, message: str | None) -> None:
+        if slot.closing is None:
+            slot.closing = self._spawn(self._finish(slot, reason, message))
+        # Shielded: a client that hangs up mid-stop must not leave the slot half-closed.
+        await asyncio.shield(slot.closing)
+
+    async def _finish(self, slot: _Slot, reason: str, message: str | None) -> None:
+        self._cancel_expiry(slot)
+        try:
+            # The peer ends whatever it is doing, an offer being answered included,
+            # and bounds every wait of its own.
+            await slot.peer.close(reason, message)
+        except Exception:
+            log.exception("session %s: closing its peer failed", mask_session_id(slot.info.session_id))
+        for task in slot.negotiations.values():
+            if not task.done():
+                task.cancel()
+        if slot.info.state != SessionState.ENDED:
+            slot.info.end_reason = slot.info.end_reason or reason
+            slot.info.end_message = slot.info.end_message or message
+            self._release(slot)
+
+    def _slot_of(self, peer: PeerSession) -> _Slot | None:
+        slot = self._current
+        return slot if slot is not None and slot.peer is peer else None
+
+    def _on_peer_state(self, peer: PeerSession, state: str) -> None:
+        slot = self._slot_of(peer)
+        if slot is not None and state != SessionState.ENDED:
+            slot.info.state = state
+
+    def _on_peer_end(self, peer: PeerSession) -> None:
+        # The peer ended on its own (client gone past the grace, watchdog, model ended
+        # or failed) or because we closed it; either way the model is free again.
+        slot = self._slot_of(peer)
+        if slot is None:
+            return
+        slot.info.end_reason = peer.end_reason
+        slot.info.end_message = peer.end_detail
+        log.info("session %s ended: %s", mask_session_id(slot.info.session_id), peer.end_reason)
+        self._release(slot)
+
+    def _release(self, slot: _Slot) -> None:
+        self._cancel_expiry(slot)
+        # Viewer tokens die with their session.
+        for token in [t for t, watched in self._watch_tokens.items() if watched is slot]:
+            del self._watch_tokens[token]
+        slot.info.state = SessionState.ENDED
+        if self._current is slot:
+            self._current = None
+        self._ended[slot.info.session_id] = slot
+        self._ended.move_to_end(slot.info.session_id)
+        while len(self._ended) > self.KEEP_ENDED:
+            self._ended.popitem(last=False)
+
+
+def _snapshot(slot: _Slot) -> SessionInfo:
+    # A copy: callers must not see (or make) later changes to the live record.
+    return dataclasses.replace(slot.info, extra_args=dict(slot.info.extra_args))
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    # Failures are reported through poll_answer; a client that never polls must not
+    # leave "exception was never retrieved" noise behind.
+    if not task.cancelled():
+        task.exception()
+
+

@@ -1,1 +1,0 @@
-"""The WebRTC binding of a session (aiortc) and the client protocol of PROTOCOL.md."""
