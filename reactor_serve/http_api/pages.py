@@ -12,6 +12,7 @@ the files under `_web/` are public code and are not.
 
 import importlib.resources
 import re
+from typing import Any, Callable
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
@@ -21,6 +22,7 @@ __all__ = [
     "PICKER_PAGE",
     "PLAYER_PAGE",
     "asset_routes",
+    "model_pages",
     "page_response",
     "wants_html",
 ]
@@ -75,3 +77,29 @@ def asset_routes(*prefixes: str) -> APIRouter:
         )
     return router
 
+
+
+def model_pages(
+    prefix: str, *, player: bool = True, check: Callable[[Request], Any] | None = None
+) -> APIRouter:
+    """The pages of one model's folder at `prefix`: its scripts and styles
+    (`{prefix}/_web/{file}`), the connection check (`{prefix}/doctor`) and, with
+    `player`, the player page (`{prefix}/`; the trailing slash is what lets the page's
+    relative URLs reach the model). `check(request)` runs before a page is served, so
+    an unknown model's folder answers the 404 its session routes would."""
+    router = asset_routes(prefix)
+
+    def page(name: str) -> Callable[[Request], Any]:
+        async def serve_page(request: Request) -> HTMLResponse:
+            if check is not None:
+                check(request)
+            return page_response(name)
+
+        return serve_page
+
+    router.add_api_route(f"{prefix}/doctor", page(DOCTOR_PAGE), methods=["GET"],
+                         include_in_schema=False, name=f"doctor_page:{prefix or '/'}")
+    if player:
+        router.add_api_route(f"{prefix}/", page(PLAYER_PAGE), methods=["GET"],
+                             include_in_schema=False, name=f"player_page:{prefix or '/'}")
+    return router

@@ -19,13 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 
-from reactor_serve.http_api.pages import (
-    DOCTOR_PAGE,
-    PLAYER_PAGE,
-    asset_routes,
-    page_response,
-    wants_html,
-)
+from reactor_serve.http_api.pages import PLAYER_PAGE, model_pages, page_response, wants_html
 from reactor_serve.http_api.routes import add_session_middleware, session_routes
 from reactor_serve.rtc.settings import WebRTCSettings, WebRTCSettingsError
 from reactor_serve.sessions.recording.settings import RecordingSettings
@@ -97,11 +91,8 @@ def create_app(
         session_routes(lambda request: backend, server_version=__version__)
     )
 
-    app.include_router(asset_routes(""))
-
-    @app.get("/doctor", include_in_schema=False)
-    async def doctor_page() -> HTMLResponse:
-        return page_response(DOCTOR_PAGE)
+    # The player is the root's page: `/` answers browsers with it and tools with JSON.
+    app.include_router(model_pages("", player=False))
 
     @app.get("/", response_model=None)
     async def index(request: Request) -> dict[str, Any] | HTMLResponse:

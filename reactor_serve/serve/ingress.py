@@ -25,13 +25,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from ray import serve
 
 from reactor_serve import __version__
-from reactor_serve.http_api.pages import (
-    DOCTOR_PAGE,
-    PICKER_PAGE,
-    PLAYER_PAGE,
-    asset_routes,
-    page_response,
-)
+from reactor_serve.http_api.pages import PICKER_PAGE, model_pages, page_response
 from reactor_serve.http_api.routes import add_session_middleware, session_routes
 from reactor_serve.protocol import model_documents
 from reactor_serve.runtime.loading.manifest import load_manifest
@@ -96,9 +90,11 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
                        prefix="/models/{name}")
     app.include_router(session_routes(root_backend, server_version=__version__))
 
-    # The web client: the model picker at the root, each model's player page in its
-    # folder (the trailing slash is what lets the page's relative URLs reach the model).
-    app.include_router(asset_routes("", "/models/{name}"))
+    # The web client: the model picker at the root (with the first model's connection
+    # check), each model's player and connection check in its folder; an unknown
+    # model's folder is a 404 naming the models.
+    app.include_router(model_pages("", player=False))
+    app.include_router(model_pages("/models/{name}", check=model_backend))
 
     @app.get("/", include_in_schema=False, response_model=None)
     async def picker_page(request: Request) -> HTMLResponse | RedirectResponse:
@@ -110,21 +106,6 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
             first = next(iter(backends))
             return RedirectResponse(f"models/{quote(first)}/?watch={quote(watch)}", 307)
         return page_response(PICKER_PAGE)
-
-    @app.get("/models/{name}/", include_in_schema=False)
-    async def player_page(request: Request) -> HTMLResponse:
-        model_backend(request)  # 404 names the models when this one is unknown
-        return page_response(PLAYER_PAGE)
-
-    # The connection check, for the first model at the root and for each model.
-    @app.get("/doctor", include_in_schema=False)
-    async def doctor_page() -> HTMLResponse:
-        return page_response(DOCTOR_PAGE)
-
-    @app.get("/models/{name}/doctor", include_in_schema=False)
-    async def model_doctor_page(request: Request) -> HTMLResponse:
-        model_backend(request)  # 404 names the models when this one is unknown
-        return page_response(DOCTOR_PAGE)
 
     @app.get("/models/{name}", include_in_schema=False)
     async def player_folder(name: str) -> RedirectResponse:
