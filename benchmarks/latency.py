@@ -4,8 +4,7 @@ Input-to-frame latency is what a player waits from pressing a key (or a user fro
 changing a prompt) until the first frame made after the model applied it is on their
 screen. Each case runs `reactor run` on a copy of a model, connects the Python client
 on 127.0.0.1 and sends commands at a steady pace; the runtime marks the frame that
-answers each command and the client reports when it arrived (see README, "Input-to-frame
-latency"). Cases:
+answers each command and the client reports when it arrived (see docs/latency.md). Cases:
 
   world_b{1,4,12}           the world example (examples/world, a run-loop model) at
                             block sizes 1, 4 and 12: `key_down` / `key_up` of "w",
@@ -17,8 +16,8 @@ latency"). Cases:
                             prompt every 1.5 s
 
 each with stale-frame dropping off (`_keep`) and on (`_drop`): with it on, a command
-that changes the model's state drops the frames queued before it (README, "Stale
-frames"). Per case: `p50` / `p95` in ms over the commands answered after a warm-up,
+that changes the model's state drops the frames queued before it (docs/latency.md,
+"Stale frames"). Per case: `p50` / `p95` in ms over the commands answered after a warm-up,
 and `n`, how many. The prompt model also stamps, in its pixels, how many prompts it
 had applied, so its latency is measured a second way without trusting the runtime's
 marks (`prompt_*_stamp_p50`): the two must agree within a frame (41.7 ms).

@@ -1,4 +1,4 @@
-"""Take the README's screenshots of the web page: `python docs/screenshots.py`.
+"""Take the docs' screenshots of the web page: `python docs/screenshots.py`.
 
 Runs each model with `reactor run` and photographs its page in Debian's headless
 Chromium, with the same harness as the browser tests (Chromium's fake camera stands
