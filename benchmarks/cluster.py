@@ -1,6 +1,6 @@
 """Cluster benchmark: prints one JSON line.
 
-A real multi-node Ray cluster on this machine (tests/local_cluster.py): a head with no
+A real multi-node Ray cluster on this machine (tests/support/local_cluster.py): a head with no
 GPUs and Ray's fake multi-node autoscaler with one GPU worker type, `min_workers: 0`.
 The app is shipped with `reactor deploy` (model min_replicas 0, gpus_per_replica auto,
 REACTOR_GPU_NODES=autoscaled on the nodes), then one session is opened through the

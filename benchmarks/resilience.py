@@ -20,9 +20,9 @@ against `reactor run` (a subprocess) and Ray Serve (a local Ray started here, pl
                               `reactor run` (`shutdown_s_reactor_run`) and `serve run`
                               (`shutdown_s_serve`); `shutdown_notified_*`: the client
                               got the server's sessionEnded{reason: shutdown}
-  fuzz_cases / fuzz_5xx       tests/test_fuzz_http.py's corpus over real HTTP to
+  fuzz_cases / fuzz_5xx       tests/e2e/fuzz/test_fuzz_http.py's corpus over real HTTP to
                               `reactor run` and to the Serve ingress, plus
-                              tests/test_fuzz_datachannel.py's corpus and flood sent on a
+                              tests/e2e/fuzz/test_fuzz_datachannel.py's corpus and flood sent on a
                               live session of each; answers >= 500
 
 Targets (issue): reconnect p95 <= 1000 ms, 0 sessions lost to an ingress kill, a new
@@ -226,7 +226,7 @@ async def measure_reconnects(base: str, rounds: int) -> tuple[list[float], list[
 
 
 async def fuzz_http(base: str) -> dict[str, Any]:
-    """tests/test_fuzz_http.py's corpus over real HTTP to `base` (a session base URL)."""
+    """tests/e2e/fuzz/test_fuzz_http.py's corpus over real HTTP to `base` (a session base URL)."""
     from tests.test_fuzz_http import W, fuzz_corpus
 
     report: dict[str, Any] = {"cases": 0, "five_xx": [], "transport_errors": [],
@@ -264,7 +264,7 @@ async def fuzz_http(base: str) -> dict[str, Any]:
 
 
 async def fuzz_datachannel(base: str) -> dict[str, Any]:
-    """tests/test_fuzz_datachannel.py's corpus and flood on a live session at `base`;
+    """tests/e2e/fuzz/test_fuzz_datachannel.py's corpus and flood on a live session at `base`;
     afterwards the session must still stream on its first transport."""
     from aiortc.rtcsctptransport import WEBRTC_STRING
 

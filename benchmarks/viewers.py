@@ -14,7 +14,7 @@ first viewer adds one encode and each further viewer only packetizing and sendin
 
 On a shared 2-core machine the per-run noise is about 1 ms per frame, larger than a
 viewer's packetizing, so extra_viewer_ms may come out slightly negative; the
-deterministic check (one shared encode per frame whatever N) is tests/test_viewers.py.
+deterministic check (one shared encode per frame whatever N) is tests/e2e/sessions/test_viewers.py.
 
 `viewer_encode_cpu(viewers, seconds)` is the one measurement, for benchmarks/latency.py.
 """

@@ -76,7 +76,7 @@ class RayServe:
             num_gpus=self.GPUS,
             include_dashboard=False,
             _metrics_export_port=self.metrics_port,
-            runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent.parent)}},
+            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
         )
         serve.start(http_options={"host": "127.0.0.1", "port": self.http_port})
         self.base = f"http://127.0.0.1:{self.http_port}"
@@ -86,7 +86,7 @@ class RayServe:
 
         from reactor_serve.serve.app import build_app
 
-        serve.run(build_app(args, base_dir=Path(__file__).parent.parent), name=name,
+        serve.run(build_app(args, base_dir=ROOT), name=name,
                   route_prefix=f"/{name}")
         return f"{self.base}/{name}"
 

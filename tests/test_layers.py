@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 PACKAGES = ("reactor_serve", "reactor_runtime", "deployments")
 _OURS = PACKAGES

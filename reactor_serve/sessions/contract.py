@@ -1,6 +1,6 @@
 """`SessionBackend`: the one contract between the HTTP session API (docs/protocol.md) and
 whatever runs the sessions: an in-process model for `reactor run`, Ray Serve replicas
-behind a stateless ingress. One contract suite (`tests/test_session_contract.py`) runs
+behind a stateless ingress. One contract suite (`tests/e2e/contract/test_session_contract.py`) runs
 against both.
 
 A session's id is its capability: whoever holds it may offer, trickle, poll and stop.

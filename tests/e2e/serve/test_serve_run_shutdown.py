@@ -1,0 +1,86 @@
+"""`serve run serve.yaml` interrupted with SIGINT while a session is live: the client hears
+`sessionEnded{shutdown}` from the server, and the command exits promptly. Runs the real
+CLI with a Ray of its own (the test session's Ray must not be the one that shuts down)."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from conftest import free_port
+from paths import ROOT
+
+from reactor_serve.client import connect
+
+pytestmark = pytest.mark.timeout(300)
+
+
+async def test_sigint_to_serve_run_ends_live_sessions_with_session_ended(tmp_path):
+    port = free_port()
+    config = {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [{
+            "name": "reactor",
+            "route_prefix": "/",
+            "import_path": "deployments.app:build_app",
+            "runtime_env": {"env_vars": {"PYTHONPATH": str(ROOT)}},
+            "args": {"ingress_cpus": 0.1, "models": [{
+                "path": str(ROOT / "examples/gradient"), "min_replicas": 1, "max_replicas": 1,
+                "warm_spares": 0, "cpus_per_replica": 0.25,
+                "webrtc": {"loopback_candidates": True},
+            }]},
+        }],
+    }
+    config_path = tmp_path / "serve.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    log = open(tmp_path / "serve-run.log", "w+")
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "serve"), "run", str(config_path)],
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    client = None
+    try:
+        deadline = time.monotonic() + 180
+        async with httpx.AsyncClient(timeout=5) as http:
+            while True:
+                assert process.poll() is None, "serve run exited before it served"
+                try:
+                    reply = await http.get(f"{base}/models")
+                    if reply.status_code == 200 and reply.json().get("models"):
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "serve run did not come up"
+                await asyncio.sleep(0.5)
+        client = await connect(f"{base}/models/gradient", timeout=90, reconnect=False)
+        await client.next_frame(timeout=20)
+
+        process.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        ended = await client.next_message("sessionEnded", scope="runtime", after=0, timeout=30)
+        assert ended["data"]["reason"] == "shutdown"
+        assert "detected_by" not in ended["data"]  # the server said it, not our client
+        # Within the issue's 15 s; the bound here is looser, for a loaded machine.
+        process.wait(timeout=60)
+        assert time.monotonic() - interrupted < 60
+    except BaseException:
+        log.seek(0)
+        print(log.read()[-4000:])
+        raise
+    finally:
+        if client is not None:
+            await client.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()

@@ -1,0 +1,233 @@
+"""Sessions that survive the control plane: a stateless ingress of two replicas, sessions
+owned by their model replicas, on a real local Ray with the Python client over WebRTC."""
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from reactor_serve.client import connect
+
+pytestmark = pytest.mark.timeout(300)
+GRADIENT = "examples/gradient"
+OPERATOR = {"X-Operator-Token": "op"}
+
+
+def replica_states(app, deployment):
+    from ray import serve
+
+    status = serve.status().applications[app].deployments[deployment]
+    return status.replica_states
+
+
+def replica_actors(app, deployment):
+    """Serve names replica actors SERVE_REPLICA::<app>#<deployment>#<replica id>."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["name"].startswith(prefix))
+
+
+def kill(actor_name):
+    import ray
+
+    ray.kill(ray.get_actor(actor_name, namespace="serve"), no_restart=True)
+
+
+async def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+async def frames_flow(client, seconds=1.5, at_least=15):
+    """Frames keep arriving for `seconds` (the gradient example runs at 30 fps)."""
+    received = []
+    previous = client.peer.on_video
+    client.peer.on_video = received.append
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        client.peer.on_video = previous
+    assert len(received) >= at_least, f"only {len(received)} frames in {seconds} s"
+    assert not client.closed, (client.end_reason, client.end_message)
+
+
+async def mean_brightness(client):
+    frame = await client.next_frame()
+    for _ in range(10):
+        frame = await client.next_frame()
+    return float(np.mean(frame.image))
+
+
+async def test_two_ingress_replicas_a_killed_one_loses_no_session(ray_serve):
+    url = ray_serve.deploy("ha", {"operator_token": "op", "models": [
+        {"path": GRADIENT, "min_replicas": 3, "max_replicas": 3, "warm_spares": 0,
+         "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}}]})
+    model = f"{url}/models/gradient"
+    assert replica_states("ha", "ReactorIngress").get("RUNNING") == 2
+    first = await connect(model)
+    second = await connect(model)
+    try:
+        first.send_command("set_brightness", {"brightness": 0.2})
+        await asyncio.sleep(0.5)
+        dark = await mean_brightness(first)
+        assert dark < 0.5 * await mean_brightness(second)
+
+        ingress = replica_actors("ha", "ReactorIngress")
+        assert len(ingress) == 2
+        kill(ingress[0])
+        await frames_flow(first)
+        await frames_flow(second)
+        # A network drop after the kill: the client offers again and the session,
+        # with its state, answers through the surviving ingress replica.
+        await first.peer.pc.close()
+        await wait_until(lambda: first.reconnects >= 1 and first.state == "streaming", 30,
+                         "the first client to reconnect")
+        assert await mean_brightness(first) < 0.5 * await mean_brightness(second)
+        third = await connect(model)
+        await third.next_frame()
+        await third.close()
+
+        # Every ingress replica gone at once: media never passed through them.
+        for name in replica_actors("ha", "ReactorIngress"):
+            kill(name)
+        await frames_flow(first, seconds=3, at_least=40)
+        await frames_flow(second, seconds=1, at_least=10)
+        await wait_until(lambda: replica_states("ha", "ReactorIngress").get("RUNNING") == 2,
+                         90, "Serve to restart the ingress")
+        async with httpx.AsyncClient(timeout=10) as http:
+            listed = (await http.get(f"{model}/sessions", headers=OPERATOR)).json()["sessions"]
+        assert len(listed) == 2 and all(s["state"] == "placed" for s in listed)
+        await second.peer.pc.close()
+        await wait_until(lambda: second.reconnects >= 1 and second.state == "streaming", 30,
+                         "the second client to reconnect through the new ingress")
+        await frames_flow(second)
+    finally:
+        await first.close()
+        await second.close()
+        ray_serve.delete("ha")
+
+
+async def test_changing_one_models_settings_leaves_the_other_models_sessions_alive(ray_serve):
+    def args(max_tone_replicas):
+        return {"models": [
+            {"path": GRADIENT, "min_replicas": 1, "max_replicas": 1, "warm_spares": 0,
+             "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}},
+            {"path": "examples/audio_tone", "min_replicas": 1,
+             "max_replicas": max_tone_replicas, "warm_spares": 0, "cpus_per_replica": 0.5,
+             "webrtc": {"loopback_candidates": True}},
+        ]}
+
+    url = ray_serve.deploy("change", args(1))
+    client = await connect(f"{url}/models/gradient")
+    try:
+        client.send_command("set_brightness", {"brightness": 0.2})
+        await asyncio.sleep(0.5)
+        dark = await mean_brightness(client)
+        ingress_before = replica_actors("change", "ReactorIngress")
+        # Serve restarts an application's deployments when its args change; the
+        # ingress holds nothing, and the busy gradient replica drains: its session
+        # streams on, and reconnects through the new ingress with its state. (The
+        # deploy completes once the drained replica is gone, after the session ends.)
+        redeploy = asyncio.create_task(asyncio.to_thread(ray_serve.deploy, "change", args(2)))
+        await wait_until(lambda: replica_actors("change", "ReactorIngress") != ingress_before
+                         and replica_states("change", "ReactorIngress").get("RUNNING") == 2,
+                         120, "the ingress to be redeployed")
+        await frames_flow(client, seconds=2, at_least=30)
+        await client.peer.pc.close()
+        await wait_until(lambda: client.reconnects >= 1 and client.state == "streaming", 30,
+                         "a reconnect after the redeploy")
+        assert await mean_brightness(client) <= dark * 1.2 + 1
+        await client.close()
+        await asyncio.wait_for(redeploy, 120)
+        other = await connect(f"{url}/models/gradient")
+        await other.next_frame()
+        await other.close()
+    finally:
+        await client.close()
+        ray_serve.delete("change")
+
+
+async def test_a_killed_replicas_client_is_told_why(ray_serve):
+    url = ray_serve.deploy("died", {"operator_token": "op", "models": [
+        {"path": GRADIENT, "min_replicas": 2, "max_replicas": 2, "warm_spares": 0,
+         "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}}]})
+    model = f"{url}/models/gradient"
+    try:
+        victim = await connect(model)
+        await victim.next_frame()
+        async with httpx.AsyncClient(timeout=10) as http:
+            [live] = (await http.get(f"{model}/sessions", headers=OPERATOR)).json()["sessions"]
+        kill(f"SERVE_REPLICA::died#model-gradient#{live['replica']}")
+        await victim.wait_closed(timeout=20)
+        assert victim.end_reason == "error"
+        assert "replica" in (victim.end_message or "") and "died" in victim.end_message
+        async with httpx.AsyncClient(timeout=10) as http:
+            described = await http.get(f"{model}/session",
+                                       params={"session_id": victim.session_id})
+        assert described.status_code == 200
+        assert described.json()["state"] == "ended"
+        survivor = await connect(model)
+        assert (await survivor.next_frame()).image.shape == (480, 640, 3)
+        await survivor.close()
+        await victim.close()
+    finally:
+        ray_serve.delete("died")
+
+
+async def test_session_lists_need_the_operator_token_and_mask_ids(ray_serve):
+    url = ray_serve.deploy("ops", {"operator_token": "op", "models": [
+        {"path": GRADIENT, "min_replicas": 1, "max_replicas": 1, "warm_spares": 0,
+         "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}}]})
+    model = f"{url}/models/gradient"
+    client = await connect(model)
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert (await http.get(f"{model}/sessions")).status_code == 403
+            wrong = {"X-Operator-Token": "nope"}
+            assert (await http.get(f"{model}/sessions", headers=wrong)).status_code == 403
+            listed = (await http.get(f"{model}/sessions", headers=OPERATOR)).json()["sessions"]
+            assert len(listed) == 1
+            assert client.session_id not in str(listed)
+            # Nothing else discloses the id either.
+            assert (await http.get(f"{model}/session")).status_code == 400
+            assert client.session_id not in (await http.get(f"{url}/models")).text
+    finally:
+        await client.close()
+        ray_serve.delete("ops")
+
+
+async def test_a_crashing_model_process_ends_the_session_and_the_same_replica_serves_the_next(
+    ray_serve,
+):
+    url = ray_serve.deploy("crash", {"operator_token": "op", "models": [
+        {"path": "tests/models/process/crashing", "min_replicas": 1, "max_replicas": 1,
+         "warm_spares": 0, "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}}]})
+    model = f"{url}/models/crashing"
+    try:
+        before = replica_actors("crash", "model-crashing")
+        victim = await connect(model)
+        await victim.next_frame()
+        victim.send_command("crash", {"how": "segfault"})
+        await victim.wait_closed(timeout=30)
+        assert victim.end_reason == "error"
+        assert "the model process was killed by SIGSEGV" in victim.end_message
+        # The replica stayed up (it reloads the model in a new process) and serves.
+        survivor = await connect(model)
+        assert (await survivor.next_frame()).image.shape == (48, 64, 3)
+        await survivor.close()
+        await victim.close()
+        assert replica_actors("crash", "model-crashing") == before
+        assert replica_states("crash", "model-crashing") == {"RUNNING": 1}
+    finally:
+        ray_serve.delete("crash")

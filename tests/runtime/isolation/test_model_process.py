@@ -1,0 +1,483 @@
+"""The model in a process of its own: crash isolation, restarts, health, shared memory
+that never outlives anything, and media that keeps its pace while the model holds
+its GIL. Real child processes throughout."""
+
+import asyncio
+import gc
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import connected
+from paths import ROOT, TEST_MODELS, TESTS
+
+from reactor_serve.runtime.host import ModelLoadError
+from reactor_serve.runtime.isolation.model_process import (
+    ModelProcess,
+    describe_exit,
+    hosted_model,
+)
+
+MODELS = TEST_MODELS / "process"
+REFERENCE = TEST_MODELS / "reference"
+
+
+def _memfd_maps(pid="self"):
+    """Our shared-memory mappings in a process (rings are memfds named reactor-*)."""
+    try:
+        text = Path(f"/proc/{pid}/maps").read_text()
+    except FileNotFoundError:
+        return []
+    return [line for line in text.splitlines() if "memfd:reactor-" in line]
+
+
+def _dev_shm():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _copy_model(tmp_path, name, config=None):
+    target = tmp_path / name
+    shutil.copytree(MODELS / name, target)
+    if config is not None:
+        manifest = (target / "reactor.yaml").read_text()
+        (target / "reactor.yaml").write_text(manifest + "config: " + json.dumps(config) + "\n")
+    return target
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes (its parent has not reaped it yet).
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def _wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def process_of():
+    started = []
+
+    def start(path, **attributes):
+        process = ModelProcess(path)
+        for name, value in attributes.items():
+            setattr(process, name, value)
+        process.start(timeout=60)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.shutdown()
+
+
+@pytest.mark.parametrize(
+    "how, says",
+    [
+        ("segfault", "was killed by SIGSEGV (signal 11)"),
+        ("exit", "exited with code 3"),
+        ("kill", "was killed by SIGKILL (signal 9)"),
+        ("sys.exit", "exited with code 1"),
+    ],
+)
+def test_a_dying_model_process_ends_the_session_with_how_it_died_and_the_next_session_works(
+    tmp_path, process_of, how, says
+):
+    model = process_of(_copy_model(tmp_path, "crashing"), RESTART_BACKOFF_S=(0.05,))
+    first_pid = model.pid
+
+    async def scenario():
+        async with connected(model) as client:
+            frame = await client.next_frame()
+            assert frame.image[0, 0, 0] == 7  # a torch tensor from the model process
+            client.send_command("crash", {"how": how})
+            assert await client.wait_closed(timeout=20) == "error"
+            assert says in client.end_detail
+            ended = await client.next_message("sessionEnded", scope="runtime", after=0)
+            assert ended["data"] == {"reason": "error", "message": client.end_detail}
+        # The replica stayed healthy through the restart, and the next session works.
+        assert model.healthy
+        async with connected(model) as client:
+            frame = await client.next_frame(timeout=30)
+            assert frame.image[0, 0, 0] == 7
+            assert client.session.stats()["new_frames"] >= 1
+
+    asyncio.run(scenario())
+    assert model.pid != first_pid and not _alive(first_pid)
+    assert model.crashes == 1 and model.model_errors == 1
+
+
+def test_an_exception_in_a_handler_ends_only_the_session(tmp_path, process_of):
+    model = process_of(_copy_model(tmp_path, "crashing"))
+    pid = model.pid
+
+    async def scenario():
+        async with connected(model) as client:
+            await client.next_frame()
+            client.send_command("crash", {"how": "raise"})
+            assert await client.wait_closed(timeout=20) == "error"
+            assert "simulated handler failure: raise" in client.end_detail
+        async with connected(model) as client:
+            await client.next_frame()
+
+    asyncio.run(scenario())
+    assert model.pid == pid and model.crashes == 0 and model.model_errors == 1
+    # The handler's error is carried across a crash, once, also while the model
+    # process waits to be started again.
+    seen = set()
+
+    def restarted():
+        if model.crashes:
+            seen.add(model.model_errors)
+        return model.pid not in (None, pid)
+
+    os.kill(pid, signal.SIGKILL)
+    _wait_until(restarted, 30, "the model process to restart")
+    assert model.crashes == 1 and seen == {2} and model.model_errors == 2
+
+
+def test_a_model_stuck_in_a_forward_pass_is_restarted_when_its_session_cannot_end(
+    tmp_path, process_of
+):
+    model = process_of(_copy_model(tmp_path, "crashing"), END_WAIT_S=1.0, RESTART_BACKOFF_S=(0.05,))
+    stuck_pid = model.pid
+
+    async def scenario():
+        async with connected(model) as client:
+            await client.next_frame()
+            client.send_command("crash", {"how": "hang"})
+            await asyncio.sleep(0.5)
+        assert client.end_reason == "client_closed"
+        async with connected(model) as client:
+            await client.next_frame(timeout=30)
+
+    asyncio.run(scenario())
+    assert not _alive(stuck_pid) and model.pid != stuck_pid
+
+
+def test_a_model_that_keeps_failing_to_load_turns_unhealthy_with_the_reason_and_recovers(
+    tmp_path, process_of
+):
+    marker = tmp_path / "fail-load"
+    model = process_of(
+        _copy_model(tmp_path, "crashing", {"fail_load_if": str(marker)}),
+        RESTART_BACKOFF_S=(0.05,),
+    )
+    marker.write_text("now")
+
+    async def crash():
+        async with connected(model) as client:
+            await client.next_frame()
+            client.send_command("crash", {"how": "exit"})
+            await client.wait_closed(timeout=20)
+
+    asyncio.run(crash())
+    _wait_until(lambda: not model.healthy, 30, "the host to turn unhealthy")
+    assert "simulated load failure" in str(model.load_error)
+    assert "RuntimeError" in model.load_error.traceback
+    marker.unlink()
+    _wait_until(lambda: model.healthy, 30, "the host to load again")
+
+    async def works():
+        async with connected(model) as client:
+            await client.next_frame(timeout=30)
+
+    asyncio.run(works())
+
+
+def test_a_failing_first_load_raises_with_the_models_traceback_and_leaves_no_process(tmp_path):
+    marker = tmp_path / "fail-load"
+    marker.write_text("now")
+    model = ModelProcess(_copy_model(tmp_path, "crashing", {"fail_load_if": str(marker)}))
+    with pytest.raises(ModelLoadError, match="simulated load failure") as raised:
+        model.start(timeout=60)
+    assert "Crashing.load(config) raised RuntimeError" in str(raised.value)
+    assert "pipeline.py" in raised.value.traceback
+    assert not model.healthy and model.pid is None
+    model.shutdown()
+
+
+def test_no_shared_memory_is_left_after_sessions_a_crash_and_shutdown(tmp_path):
+    before = _dev_shm()
+    gc.collect()
+    # Other tests in this process may still hold frames of their own models.
+    mapped_before = set(_memfd_maps())
+    model = ModelProcess(_copy_model(tmp_path, "crashing"))
+    model.RESTART_BACKOFF_S = (0.05,)
+    model.start(timeout=60)
+
+    async def scenario():
+        for _ in range(2):
+            async with connected(model) as client:
+                for _ in range(10):
+                    await client.next_frame()
+        async with connected(model) as client:
+            await client.next_frame()
+            client.send_command("crash", {"how": "kill"})
+            await client.wait_closed(timeout=20)
+        async with connected(model) as client:
+            await client.next_frame(timeout=30)
+
+    asyncio.run(scenario())
+    assert _memfd_maps(model.pid), "the frames should cross in memfd rings"
+    model.shutdown()
+    gc.collect()
+    assert set(_memfd_maps()) <= mapped_before
+    assert _dev_shm() == before
+
+
+def test_the_model_process_dies_with_a_killed_replica_and_leaves_no_shared_memory(tmp_path):
+    before = _dev_shm()
+    model_dir = _copy_model(tmp_path, "crashing")
+    # A replica stand-in: starts the model, holds frames, prints the model's pid.
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from conftest import connected
+        from reactor_serve.runtime.isolation.model_process import ModelProcess
+        model = ModelProcess({str(model_dir)!r})
+        model.start(timeout=60)
+        async def main():
+            async with connected(model) as client:
+                await client.next_frame()
+                print(model.pid, flush=True)
+                await asyncio.sleep(3600)
+        asyncio.run(main())
+        """
+    )
+    replica = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child_pid = int(replica.stdout.readline())
+        assert _memfd_maps(child_pid) and _memfd_maps(replica.pid)
+        replica.send_signal(signal.SIGKILL)
+        replica.wait(10)
+        _wait_until(lambda: not _alive(child_pid), 10, "the model process to die with its parent")
+    finally:
+        replica.kill()
+        replica.wait()
+    assert _dev_shm() == before
+
+
+def test_a_model_holding_the_gil_does_not_stop_the_media_clock(tmp_path, process_of):
+    # Each forward pass holds the model process's GIL for 1.2 s. In one process the
+    # media loop would present nothing for that long; here it keeps presenting at
+    # its own pace.
+    model = process_of(_copy_model(tmp_path, "gil_holding"))
+
+    async def scenario():
+        async with connected(model) as client:
+            await client.next_frame(timeout=30)
+            start = len(client.frames)
+            await asyncio.sleep(3.0)
+            times = [f.presented_at for f in list(client.frames)[start:]]
+        return times
+
+    times = asyncio.run(scenario())
+    gaps = np.diff(times)
+    # The clock paces at the production rate: 12 frames per 1.2 s pass, 10 fps.
+    assert len(times) > 20
+    assert gaps.max() < 0.3, f"the clock stalled for {gaps.max():.3f} s"
+
+
+def test_input_frames_commands_and_messages_cross_to_the_model_process(process_of):
+    model = process_of(REFERENCE / "v2v")
+    spec = model.spec
+    track = spec.inputs[0].name
+
+    async def feed(client, value, stop):
+        frame = np.full((48, 64, 3), value, np.uint8)
+        while not stop.is_set():
+            client.send_frame(track, frame)
+            await asyncio.sleep(0.02)
+
+    async def shows(client, value):
+        for _ in range(100):
+            out = await client.next_frame(timeout=20)
+            if int(out.image[10, 10, 0]) == value:
+                return
+        raise AssertionError(f"the model never showed {value}")
+
+    async def scenario():
+        async with connected(model) as client:
+            stop = asyncio.Event()
+            feeder = asyncio.create_task(feed(client, 200, stop))
+            await shows(client, 200)  # the camera frame, styled "none"
+            client.send_command("set_style", {"style": "sketch"})
+            await shows(client, 55)  # inverted by the handler's new style
+            client.send_command("set_style", {"style": "watercolour"})
+            error = await client.next_message("commandError", scope="runtime")
+            assert error["data"]["command"] == "set_style"
+            assert client.session.stats()["commands_rejected"] == 1
+            stop.set()
+            await feeder
+
+    asyncio.run(scenario())
+    assert model.inputs_dropped == 0
+
+
+def test_in_process_mode_runs_the_model_on_a_thread_for_debuggers(monkeypatch):
+    from reactor_serve.runtime.host import ModelHost
+
+    monkeypatch.setenv("REACTOR_IN_PROCESS", "1")
+    assert isinstance(hosted_model(REFERENCE / "generator"), ModelHost)
+    monkeypatch.setenv("REACTOR_IN_PROCESS", "0")
+    assert isinstance(hosted_model(REFERENCE / "generator"), ModelProcess)
+    assert isinstance(hosted_model(REFERENCE / "generator", in_process=True), ModelHost)
+
+
+def test_exits_are_described_for_people():
+    assert describe_exit(0) == "exited with code 0"
+    assert describe_exit(-11) == "was killed by SIGSEGV (signal 11)"
+    assert describe_exit(-9).startswith("was killed by SIGKILL (signal 9): the kernel's out-of-memory")
+    assert describe_exit(-200) == "was killed by signal 200"
+
+
+def test_cuda_tensors_cross_with_one_device_to_host_copy(tmp_path, process_of):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine: the CUDA frame path is checked on a GPU host")
+    model_dir = _copy_model(tmp_path, "crashing")
+    source = (model_dir / "pipeline.py").read_text()
+    (model_dir / "pipeline.py").write_text(
+        source.replace("dtype=torch.uint8)", "dtype=torch.uint8, device='cuda')")
+    )
+    model = process_of(model_dir)
+
+    async def scenario():
+        async with connected(model) as client:
+            frame = await client.next_frame(timeout=30)
+            assert frame.image[0, 0, 0] == 7 and frame.image.shape == (48, 64, 3)
+
+    asyncio.run(scenario())
+
+
+def test_the_model_process_yields_the_cpu_to_the_media_process(process_of, monkeypatch):
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    model = process_of(REFERENCE / "generator")
+    assert os.getpriority(os.PRIO_PROCESS, model.pid) == min(19, ours + 10)
+    monkeypatch.setenv("REACTOR_MODEL_NICE", "0")
+    equal = process_of(REFERENCE / "generator")
+    assert os.getpriority(os.PRIO_PROCESS, equal.pid) == ours
+
+
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.mark.parametrize(
+    "model_dir, command",
+    [
+        (EXAMPLES / "gradient", None),
+        (EXAMPLES / "audio_tone", None),
+        (EXAMPLES / "world", ("key_down", {"key": "w"})),
+        (EXAMPLES / "webcam_style", ("set_style", {"style": "sketch"})),
+        (EXAMPLES / "legacy_blocks", ("set_prompt", {"prompt": "a lighthouse"})),
+        (REFERENCE / "generator", ("set_prompt", {"prompt": "cat"})),
+        (REFERENCE / "run_loop", ("set_prompt", {"prompt": "dog"})),
+        (REFERENCE / "v2v", ("set_style", {"style": "sketch"})),
+        (REFERENCE / "legacy_blocks", ("set_prompt", {"prompt": "a tree"})),
+    ],
+    ids=lambda value: value.name if isinstance(value, Path) else None,
+)
+def test_every_example_and_reference_model_runs_in_its_model_process(
+    process_of, model_dir, command
+):
+    # The white-box tests of these models (test_examples_run, test_reference_models)
+    # read the model instance, so they run it on a thread; here each runs as it is
+    # served, in its own process, seen only from the client's side.
+    model = process_of(model_dir)
+    video_inputs = [t.name for t in model.spec.inputs if t.kind == "video"]
+
+    async def scenario():
+        async with connected(model) as client:
+            if command is not None:
+                client.send_command(*command)
+            camera = np.full((48, 64, 3), 120, np.uint8)
+            received = []
+            for _ in range(200):
+                for track in video_inputs:
+                    client.send_frame(track, camera)
+                try:
+                    received.append(await client.next_frame(timeout=0.05))
+                except TimeoutError:
+                    continue
+                if len(received) >= 5:
+                    break
+            assert len(received) >= 5, "the model produced no frames"
+            assert not [m for m in client.messages if m["data"].get("type") == "commandError"]
+            assert not client.closed
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["model process", "in process"])
+@pytest.mark.parametrize("drop_stale", [True, False], ids=["drop stale", "keep all"])
+def test_a_state_change_drops_the_frames_made_before_it_unless_the_model_keeps_them(
+    tmp_path, drop_stale, in_process
+):
+    model_dir = _copy_model(tmp_path, "levels")
+    if not drop_stale:
+        (model_dir / "reactor.yaml").write_text("model: pipeline:LevelsKeepAll\nname: levels\n")
+    model = hosted_model(model_dir, in_process=in_process)
+    model.start(timeout=60)
+
+    async def scenario():
+        async with connected(model) as client:
+            # Let the buffer fill with frames of the first level (24 at 10 fps).
+            await client.next_frame()
+            await asyncio.sleep(1.0)
+            client.send_command("set_level", {"level": 200})
+            old = 0
+            while True:
+                frame = await client.next_frame(timeout=10)
+                if int(frame.image[0, 0, 0]) == 200:
+                    return old, client.session.stats()["stale_dropped"]
+                old += 1
+
+    try:
+        old_frames, stale_dropped = asyncio.run(scenario())
+    finally:
+        model.shutdown()
+    if drop_stale:
+        # Only what was shown while the command waited for the next yield.
+        assert old_frames <= 4 and stale_dropped >= 15
+    else:
+        assert old_frames >= 20 and stale_dropped == 0
+
+
+def test_a_command_that_changes_nothing_drops_no_frames(tmp_path):
+    model = hosted_model(_copy_model(tmp_path, "levels"), in_process=True)
+    model.start(timeout=60)
+
+    async def scenario():
+        async with connected(model) as client:
+            await client.next_frame()
+            await asyncio.sleep(0.5)
+            client.send_command("set_level", {"level": 40})  # the level it has
+            client.send_command("set_level", {"level": 40})
+            for _ in range(5):
+                assert int((await client.next_frame()).image[0, 0, 0]) == 40
+            return client.session.stats()["stale_dropped"]
+
+    try:
+        assert asyncio.run(scenario()) == 0
+    finally:
+        model.shutdown()
