@@ -6,15 +6,20 @@ to memory, whose header fills in the codec parameters (size, avcC/ASC extradata)
 every file made with `add_stream_from_template` needs, so one encode feeds any number
 of files: the recording in progress and the clips cut from the ring of recent packets.
 Packets are kept as bytes (`EncodedPacket`): muxing consumes an av.Packet.
+
+`OutputEncode` decides when there is an encoder at all and when a keyframe is forced:
+files start with the model's own picture and size, a recording starts on a keyframe,
+and a clip starts at most one keyframe interval before what was asked.
 """
 
 from __future__ import annotations
 
 import fractions
 import io
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import av
 import numpy as np
@@ -23,10 +28,11 @@ from reactor_serve.interface.tracks import TrackDecl
 from reactor_serve.runtime.pacing.emission_clock import (
     AUDIO_CLOCK_RATE,
     VIDEO_CLOCK_RATE,
+    PresentedFrame,
 )
 from reactor_serve.sessions.recording.settings import RecordingSettings
 
-__all__ = ["MOVFLAGS", "EncodedPacket", "Mp4Writer", "RecordingEncoder"]
+__all__ = ["MOVFLAGS", "EncodedPacket", "Mp4Writer", "OutputEncode", "RecordingEncoder"]
 
 _VIDEO_TB = fractions.Fraction(1, VIDEO_CLOCK_RATE)
 _AUDIO_TB = fractions.Fraction(1, AUDIO_CLOCK_RATE)
@@ -175,3 +181,77 @@ class Mp4Writer:
 
     def close(self) -> None:
         self._container.close()
+
+
+class OutputEncode:
+    """The one encode of a session's output (encode worker only).
+
+    The encoder is made at the model's first own picture, at its size: the black
+    placeholder shown before it is not recorded. A keyframe is forced at the first
+    frame, every `keyframe_interval_s`, and when asked (`want_keyframe`). When encoding
+    fails the encoder is dropped and made again at the next frame."""
+
+    def __init__(
+        self,
+        settings: RecordingSettings,
+        video: str,
+        audio: list[TrackDecl],
+        *,
+        cpu_clock: Callable[[], float] = time.thread_time,
+    ) -> None:
+        self.settings = settings
+        self.video = video
+        self.audio = audio
+        self.encoder: RecordingEncoder | None = None
+        self.fps: float | None = None  # the presented rate the encoder was made at
+        self._cpu_clock = cpu_clock
+        self._want_keyframe = False
+        self._last_keyframe_pts: int | None = None
+
+    def want_keyframe(self) -> None:
+        """Force a keyframe at the next frame (a recording starts on one)."""
+        self._want_keyframe = True
+
+    def encode(self, presented: PresentedFrame) -> list[EncodedPacket]:
+        """The packets of one presented slot (none before the model's first picture).
+        Raises what the encoder raised, after dropping it."""
+        image = presented.video.get(self.video)
+        if image is None:
+            return []
+        if self.encoder is None and not presented.is_new:
+            return []
+        started = self._cpu_clock()
+        try:
+            if self.encoder is None:
+                height, width = image.shape[:2]
+                self.encoder = RecordingEncoder(self.settings, max(2, width - width % 2),
+                                                max(2, height - height % 2), presented.fps, self.audio)
+                self._want_keyframe = True
+                self.fps = presented.fps
+            encoder = self.encoder
+            interval = self.settings.keyframe_interval_s * VIDEO_CLOCK_RATE
+            keyframe = (
+                self._want_keyframe or self._last_keyframe_pts is None
+                or presented.pts - self._last_keyframe_pts >= interval
+            )
+            packets = encoder.video(image, presented.pts, keyframe)
+            for index, track in enumerate(self.audio):
+                chunk = presented.audio.get(track.name)
+                if chunk is not None and chunk.shape[1]:
+                    packets += encoder.audio(index, chunk, presented.audio_pts)
+        except Exception:
+            self.close()
+            raise
+        finally:
+            if self.encoder is not None:
+                self.encoder.cpu_s += self._cpu_clock() - started
+        for packet in packets:
+            if packet.stream == 0 and packet.keyframe:
+                self._want_keyframe = False
+                self._last_keyframe_pts = packet.pts
+        return packets
+
+    def close(self) -> None:
+        if self.encoder is not None:
+            self.encoder.close()
+        self.encoder = None

@@ -1,64 +1,38 @@
 """Recordings of one session's output, as the client saw it, plus the commands it sent.
 
 `SessionRecordings` belongs to one `PeerSession` of a model that opted in (config
-`recording: {enabled: true}`, see recording_settings.py). It watches the session's
+`recording: {enabled: true}`, see settings.py); the session calls it on the media loop:
+the client's requests (startRecording, stopRecording, saveClip), the commands it sent
+and the commandErrors that came back, and the end. It watches the session's
 `OutputFanout` (`observe`): every presented slot, at its presentation time, repeats
 included (a slot that showed the previous picture again is written as a frame with
 its own pts, so the file plays back with exactly the client's timing and its frame
 count is the number of slots presented while recording).
 
-Encoding never runs on the media loop. The observer hands each slot to one worker
-thread through a queue bounded at `queue_frames` slots; when the worker falls behind,
-slots are dropped (counted, logged once per recording, noted in meta.json) rather
-than stalling the loop or growing memory. The worker encodes once per session, H.264
-(libx264, zerolatency, a keyframe forced every `keyframe_interval_s`) for the first
-video track and AAC for each audio track, and the packets go to:
+The work runs on the encode worker (encode_worker.py), never on the media loop: one
+encode per session (`OutputEncode`: H.264 for the first video track, AAC for each
+audio track), whose packets go to the recording in progress (active_recording.py), a
+fragmented MP4 that starts at a forced keyframe, and to the clip ring
+(clip_ring.py), from which `saveClip` writes its own MP4 without encoding again. So
+while a model is opted in (and clips are on), every live session costs one extra
+H.264 encode of its output, recording or not, on a thread of its own (libx264's
+preset sets its cost; benchmarks/recording.py measures it). Set `clip_seconds: 0` to
+encode only while a recording runs.
 
-- the recording in progress, if any: a fragmented MP4 (`frag_keyframe+empty_moov+
-  default_base_moof`, so a file cut short by a crash still plays up to its last
-  fragment) that starts at a forced keyframe;
-- a ring of the last `clip_seconds` (whole keyframe intervals, bounded in bytes too),
-  from which `saveClip` writes its own MP4 without encoding again.
-
-So while a model is opted in (and clips are on), every live session costs one extra
-H.264 encode of its output, recording or not, on a thread of its own: with libx264
-`ultrafast` (the default) about 3.5 ms of CPU per 640x480 frame and 8 ms per 1280x720
-one on this machine (`veryfast`: 9 and 23 ms; benchmarks/recording.py). Set
-`clip_seconds: 0` to encode only while a recording runs.
-
-Commands: every command the client sends (while something records) is logged with its
-arrival (wall clock, and the presentation clock at that instant, from which its time
-in each file follows) and whether it was accepted. The model validates commands in
-arrival order and answers only refusals (`commandError`, which names the command's
-id), so a command is marked rejected by the commandError naming it, and accepted once a
-later command's error came back, or after `ACCEPT_AFTER_S` with none.
-
-Files, per recording, under `<destination>/<model>/<session id>/<n>/` (clips under
-`.../clips/<n>/`): `video.mp4`, `commands.jsonl` (one JSON object per command),
-`meta.json`. A destination that is an fsspec URL is written to a local staging
-directory first and uploaded when the file is complete, on a thread of its own, so a
-slow store never stalls encoding.
-
-A recording that fails (encoder, disk, upload) tells the client and stops; the
-session goes on. Every recording is finalised when the session ends, however it ends.
+Every command the client sends is logged (command_log.py) with its arrival and its
+verdict; files go to a local directory or are uploaded to an fsspec URL
+(destinations.py). A recording that fails (encoder, disk, upload) tells the client
+and stops; the session goes on. Every recording is finalised when the session ends,
+however it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import concurrent.futures
-import json
 import logging
 import math
-import os
-import queue
-import shutil
-import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from functools import partial
 from typing import Any, Callable
 
 from reactor_serve.interface.tracks import TrackDecl
@@ -68,10 +42,19 @@ from reactor_serve.runtime.pacing.emission_clock import (
     VIDEO_CLOCK_RATE,
     PresentedFrame,
 )
+from reactor_serve.sessions.recording.active_recording import ActiveRecording
+from reactor_serve.sessions.recording.clip_ring import ClipRing
+from reactor_serve.sessions.recording.command_log import (
+    CommandFile,
+    CommandHistory,
+    CommandLog,
+)
+from reactor_serve.sessions.recording.destinations import Destination, Output, Uploads
+from reactor_serve.sessions.recording.encode_worker import EncodeWorker
 from reactor_serve.sessions.recording.encoding import (
     EncodedPacket,
     Mp4Writer,
-    RecordingEncoder,
+    OutputEncode,
 )
 from reactor_serve.sessions.recording.settings import (
     RecordingSettings,
@@ -79,27 +62,18 @@ from reactor_serve.sessions.recording.settings import (
 )
 
 __all__ = [
-    "ACCEPT_AFTER_S",
+    "CLOSE_TIMEOUT_S",
     "RECORDING_REQUESTS",
     "SessionRecordings",
 ]
 
 log = logging.getLogger(__name__)
 
-# The runtime messages a client sends to drive recordings (PROTOCOL, ours).
+# The runtime messages a client sends to drive recordings (docs/protocol.md).
 RECORDING_REQUESTS = ("startRecording", "stopRecording", "saveClip")
-# A command no commandError named within this long was accepted. The model validates a
-# command as soon as its loop is free: well under this, unless a forward pass blocks
-# its loop for longer (then the record says accepted; a late commandError still marks
-# it rejected if the record has not been written yet).
-ACCEPT_AFTER_S = 2.0
 # How long closing waits for the worker to finalise files and for uploads.
 CLOSE_TIMEOUT_S = 20.0
-# The clip ring's byte cap, on top of its time span: a picture that compresses badly
-# must not make a clip buffer grow without bound.
-CLIP_MAX_BYTES = 256 * 1024 * 1024
-# Commands kept for clips' logs (and for records waiting for their verdict).
-_COMMAND_HISTORY = 10_000
+
 
 class _Refused(Exception):
     """A recording request that cannot be done; `rule` and `field` name why."""
@@ -111,53 +85,9 @@ class _Refused(Exception):
         self.value = value
 
 
-# ---- one recording or clip ------------------------------------------------------------
-
-
-@dataclass
-class _Output:
-    """Where one recording (or clip) goes: a local directory, uploaded after."""
-
-    id: str
-    kind: str  # "recording" | "clip"
-    local: Path  # where the files are written
-    remote: str | None  # fsspec URL they are uploaded to, or None (local destination)
-
-    @property
-    def location(self) -> str:
-        return self.remote if self.remote is not None else str(self.local)
-
-
-@dataclass
-class _Recording:
-    output: _Output
-    started_wall: float
-    meta: dict[str, Any]
-    mp4: Mp4Writer | None = None  # opened at the first keyframe
-    commands: Any = None  # the open commands.jsonl
-    command_count: int = 0
-    dropped: int = 0
-    stop_reason: str | None = None
-    stop_message: str | None = None
-    # Set once a limit is reached: nothing more is written; the loop stops it (after
-    # settling the verdicts of the commands still waiting, which belong in its log).
-    limited: bool = False
-
-
-@dataclass
-class _Gop:
-    """Packets from one video keyframe up to the next."""
-
-    start_pts: int
-    items: list[EncodedPacket] = field(default_factory=list)
-    bytes: int = 0
-
-
-# ---- the session's recordings ---------------------------------------------------------
-
-
 class SessionRecordings:
-    """Recordings and clips of one session. Create and call it on the media loop."""
+    """Recordings and clips of one session. Create and call it on the media loop; the
+    methods named `_on_...` run on its encode worker."""
 
     def __init__(
         self,
@@ -168,48 +98,37 @@ class SessionRecordings:
         settings: RecordingSettings | None,
         send: Callable[[str, dict[str, Any]], None],
         settings_error: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.model = model
         self.session_id = session_id
         self.settings = settings
         self._settings_error = settings_error
         self._send = send
+        self._clock = clock
+        self._wall_clock = wall_clock
         videos = [t for t in outputs if t.kind == "video"]
         self._video = videos[0].name if videos else None
         self._audio = [t for t in outputs if t.kind == "audio"]
         self._outputs = outputs
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self._queued_frames = 0
-        self._queued_lock = threading.Lock()
-        self._worker: threading.Thread | None = None
-        self._uploads = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="reactor-recording-upload"
-        )
+        self._worker: EncodeWorker[PresentedFrame] | None = None
+        self._uploads = Uploads(session_id)
         self._unobserve: Callable[[], None] | None = None
         self._closed = False
         # On the loop: whether a recording is running (the worker's view may lag).
         self._recording_id: str | None = None
         self._recordings = 0
         self._clips = 0
-        # The latest presented slot, to place a command on the presentation clock.
-        self._last_pts = 0
-        self._last_slot: float | None = None
-        # Commands: waiting for their verdict (in arrival order), and a history for clips.
-        self._pending: collections.deque[dict[str, Any]] = collections.deque()
-        self._seq = 0
-        self.dropped_frames = 0
-        # Worker-only state.
-        self._encoder: RecordingEncoder | None = None
-        self._active: _Recording | None = None
-        self._want_keyframe = False
-        self._last_keyframe_pts: int | None = None
-        self._gops: collections.deque[_Gop] = collections.deque()
-        self._gop_bytes = 0
-        self._history: collections.deque[dict[str, Any]] = collections.deque(maxlen=_COMMAND_HISTORY)
-        self._history_lock = threading.Lock()
+        self._commands = CommandLog(self._settled, clock=clock, wall_clock=wall_clock)
+        # Worker-only state, made by `attach` when recording is enabled.
+        self._destination: Destination | None = None
+        self._encode: OutputEncode | None = None
+        self._ring: ClipRing | None = None
+        self._history = CommandHistory()
+        self._active: ActiveRecording | None = None
         self._drop_logged = False
-        self._fps: float | None = None
 
     # ---- construction ----------------------------------------------------------------
 
@@ -249,6 +168,11 @@ class SessionRecordings:
         """The id of the recording in progress, if any."""
         return self._recording_id
 
+    @property
+    def dropped_frames(self) -> int:
+        """Presented slots dropped because the encode worker fell behind."""
+        return self._worker.dropped_frames if self._worker is not None else 0
+
     def attach(self, fanout: Any, record: Any = False) -> None:
         """Watch `fanout` (an OutputFanout); `record`: the session's start option."""
         self._loop = asyncio.get_running_loop()
@@ -256,8 +180,14 @@ class SessionRecordings:
             if record is not False and record is not None:
                 self._refuse("startRecording", self._not_enabled())
             return
-        assert self.settings is not None
-        self._worker = threading.Thread(target=self._work, name="reactor-recording", daemon=True)
+        assert self.settings is not None and self._video is not None
+        self._destination = Destination(self.settings.destination, self.model, self.session_id)
+        self._encode = OutputEncode(self.settings, self._video, self._audio)
+        self._ring = ClipRing(self.settings.clip_seconds)
+        self._worker = EncodeWorker(
+            queue_frames=self.settings.queue_frames, on_frame=self._on_frame,
+            on_dropped=self._on_dropped, on_failure=self._on_failure,
+        )
         self._worker.start()
         self._unobserve = fanout.observe(self._observe)
         if record is not None and record is not False and record is not True:
@@ -300,20 +230,21 @@ class SessionRecordings:
         self._recordings += 1
         rid = str(self._recordings)
         self._recording_id = rid
-        self._put(("start", rid))
+        self._put("start", partial(self._on_start, rid))
         return rid
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, message: str | None = None) -> None:
         if self._recording_id is not None:
             self._recording_id = None
-            self._resolve(force=True)
-            self._put(("stop", reason, None))
+            # The commands still waiting belong in its log: they are taken as accepted.
+            self._commands.settle(force=True)
+            self._put("stop", partial(self._on_stop, reason, message))
 
     def save_clip(self, seconds: float) -> str:
         self._clips += 1
         cid = str(self._clips)
-        self._resolve(force=True)
-        self._put(("clip", cid, seconds))
+        self._commands.settle(force=True)
+        self._put("clip", partial(self._on_clip, cid, seconds))
         return cid
 
     def _clip_seconds(self, data: dict[str, Any]) -> float:
@@ -359,90 +290,29 @@ class SessionRecordings:
         a commandError from the model names."""
         if not self.enabled or self._closed:
             return
-        self._seq += 1
-        now = time.monotonic()
-        record: dict[str, Any] = {
-            "seq": self._seq,
-            "id": command_id,
-            "name": name,
-            "args": args if error is None else None,
-            "wall": round(time.time(), 6),
-            "pts": self._pts_at(now),
-            "accepted": None if error is None else False,
-            "_at": now,
-        }
-        if error is not None:
-            record["error"] = error
-        self._pending.append(record)
-        self._resolve()
+        self._commands.add(name, args, error, command_id)
 
     def command_error(self, data: Any) -> None:
-        """A commandError the model sent: it names the oldest waiting command of
-        that name, and every command before it was accepted."""
-        if not self.enabled or not isinstance(data, dict):
+        """A commandError the model sent: it settles the command it names."""
+        if not self.enabled:
             return
-        name = data.get("command")
-        waiting = [r for r in self._pending if r["accepted"] is None and r["name"] == name]
-        # The error names its command's id (every command has one on its way in).
-        match = next((r for r in waiting if r["id"] is not None and r["id"] == data.get("id")), None)
-        if match is None:
-            # An error without an id: validation depends on the name and arguments
-            # only, so it is the oldest waiting command's whose arguments hold the
-            # values it names (an earlier identical command had its own error already).
-            match = next((r for r in waiting if _holds(r["args"], data.get("errors"))), None)
-        if match is None and waiting:
-            match = waiting[0]
-        for index, record in enumerate(self._pending):
-            if record is match:
-                record["accepted"] = False
-                record["error"] = data
-                for earlier in list(self._pending)[:index]:
-                    if earlier["accepted"] is None:
-                        earlier["accepted"] = True
-                break
-        self._resolve()
+        self._commands.command_error(data)
 
-    def _resolve(self, force: bool = False) -> None:
-        now = time.monotonic()
-        while self._pending:
-            head = self._pending[0]
-            if head["accepted"] is None:
-                if not force and now - head["_at"] < ACCEPT_AFTER_S:
-                    return
-                head["accepted"] = True
-            self._pending.popleft()
-            record = {k: v for k, v in head.items() if not k.startswith("_")}
-            self._put(("command", record))
-
-    def _pts_at(self, now: float) -> int:
-        if self._last_slot is None:
-            return 0
-        return self._last_pts + round(max(0.0, now - self._last_slot) * VIDEO_CLOCK_RATE)
+    def _settled(self, record: dict[str, Any]) -> None:
+        self._put("command", partial(self._on_command, record))
 
     # ---- frames (media loop) -------------------------------------------------------------
 
     def _observe(self, presented: PresentedFrame) -> None:
-        self._last_pts, self._last_slot = presented.pts, presented.slot
-        if self._pending:
-            self._resolve()
-        assert self.settings is not None
+        self._commands.presented(presented.pts, presented.slot)
+        assert self.settings is not None and self._worker is not None
         if self._recording_id is None and self.settings.clip_seconds <= 0:
             return
-        with self._queued_lock:
-            if self._queued_frames >= self.settings.queue_frames:
-                self.dropped_frames += 1
-                drop = True
-            else:
-                self._queued_frames += 1
-                drop = False
-        if drop:
-            self._put(("dropped",))
-            return
-        self._put(("frame", presented))
+        self._worker.offer(presented)
 
-    def _put(self, item: tuple[Any, ...]) -> None:
+    def _put(self, kind: str, task: Callable[[], None]) -> None:
         if self._worker is not None:
-            self._queue.put(item)
+            self._worker.submit(kind, task)
 
     def _tell(self, type_: str, data: dict[str, Any]) -> None:
         """From the worker: a runtime message to the client, sent on the loop."""
@@ -463,96 +333,45 @@ class SessionRecordings:
         self._closed = True
         if self._unobserve is not None:
             self._unobserve()
-        self._resolve(force=True)
+        self._commands.settle(force=True)
         worker = self._worker
         if worker is None:
-            self._uploads.shutdown(wait=False)
+            self._uploads.shutdown_now()
             return
         self._recording_id = None
-        self._queue.put(("close", f"session ended ({reason})"))
-        deadline = time.monotonic() + CLOSE_TIMEOUT_S
-        await asyncio.to_thread(worker.join, CLOSE_TIMEOUT_S)
-        if worker.is_alive():
+        worker.finish(partial(self._on_close, f"session ended ({reason})"))
+        deadline = self._clock() + CLOSE_TIMEOUT_S
+        if not await asyncio.to_thread(worker.join, CLOSE_TIMEOUT_S):
             log.warning("session %s: the recording worker did not finish within %.0f s",
                         self.session_id, CLOSE_TIMEOUT_S)
-        uploads = self._uploads
-        await asyncio.to_thread(_shutdown_within, uploads, max(1.0, deadline - time.monotonic()))
+        await asyncio.to_thread(self._uploads.shutdown_within, max(1.0, deadline - self._clock()))
 
-    # ---- the worker thread ---------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        encoder = self._encode.encoder if self._encode is not None else None
+        return {
+            "recording": self._recording_id,
+            "recording_dropped_frames": self.dropped_frames,
+            "recording_encode_cpu_ms": round(encoder.cpu_s * 1000.0, 1) if encoder else 0.0,
+        }
 
-    def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            kind = item[0]
-            try:
-                if kind == "frame":
-                    with self._queued_lock:
-                        self._queued_frames -= 1
-                    self._on_frame(item[1])
-                elif kind == "dropped":
-                    self._on_dropped()
-                elif kind == "command":
-                    self._on_command(item[1])
-                elif kind == "start":
-                    self._on_start(item[1])
-                elif kind == "stop":
-                    self._on_stop(item[1], item[2])
-                elif kind == "clip":
-                    self._on_clip(item[1], item[2])
-                elif kind == "close":
-                    self._on_stop("session_ended", item[1])
-                    if self._encoder is not None:
-                        self._encoder.close()
-                    return
-            except Exception as exc:
-                log.exception("session %s: recording worker: %s failed", self.session_id, kind)
-                self._fail(f"{type(exc).__name__}: {exc}")
+    # ---- the encode worker ---------------------------------------------------------------
+
+    def _on_failure(self, kind: str, exc: Exception) -> None:
+        log.exception("session %s: recording worker: %s failed", self.session_id, kind)
+        self._fail(f"{type(exc).__name__}: {exc}")
 
     def _on_frame(self, presented: PresentedFrame) -> None:
-        assert self.settings is not None and self._video is not None
-        image = presented.video.get(self._video)
-        if image is None:
-            return
-        if self._encoder is None and not presented.is_new:
-            # The black placeholder shown before the model's first frame (at a default
-            # size) is not recorded: files start with the model's own picture and size.
-            return
-        started = time.thread_time()
+        assert self._encode is not None and self._ring is not None
         try:
-            if self._encoder is None:
-                height, width = image.shape[:2]
-                self._encoder = RecordingEncoder(self.settings, max(2, width - width % 2),
-                                         max(2, height - height % 2), presented.fps, self._audio)
-                self._want_keyframe = True
-                self._fps = presented.fps
-            encoder = self._encoder
-            interval = self.settings.keyframe_interval_s * VIDEO_CLOCK_RATE
-            keyframe = (
-                self._want_keyframe or self._last_keyframe_pts is None
-                or presented.pts - self._last_keyframe_pts >= interval
-            )
-            packets = encoder.video(image, presented.pts, keyframe)
-            for index, track in enumerate(self._audio):
-                chunk = presented.audio.get(track.name)
-                if chunk is not None and chunk.shape[1]:
-                    packets += encoder.audio(index, chunk, presented.audio_pts)
+            packets = self._encode.encode(presented)
         except Exception as exc:
             # The encoder is made again at the next frame; what was recording stops.
             log.exception("session %s: the recording encoder failed", self.session_id)
-            if self._encoder is not None:
-                self._encoder.close()
-            self._encoder = None
             self._fail(f"the encoder failed: {type(exc).__name__}: {exc}")
             return
-        finally:
-            if self._encoder is not None:
-                self._encoder.cpu_s += time.thread_time() - started
-        for item in packets:
-            if item.stream == 0 and item.keyframe:
-                self._want_keyframe = False
-                self._last_keyframe_pts = item.pts
-            self._keep_for_clips(item)
-            self._write(item)
+        for packet in packets:
+            self._ring.add(packet)
+            self._write(packet)
 
     def _on_dropped(self) -> None:
         active = self._active
@@ -561,44 +380,44 @@ class SessionRecordings:
             if not self._drop_logged:
                 self._drop_logged = True
                 log.warning("session %s: recording %s: the encoder falls behind; dropping "
-                            "frames (counted in meta.json)", self.session_id, active.output.id)
+                            "frames (counted in meta.json)", self.session_id, active.id)
 
-    def _write(self, item: EncodedPacket) -> None:
+    def _on_command(self, record: dict[str, Any]) -> None:
+        self._history.add(record)
+        if self._active is not None:
+            self._active.log_command(record)
+
+    def _write(self, packet: EncodedPacket) -> None:
         active = self._active
         if active is None or active.limited:
             return
-        assert self.settings is not None
+        assert self._encode is not None and self._encode.encoder is not None
         try:
-            if active.mp4 is None:
-                if item.stream != 0 or not item.keyframe:
+            if not active.started:
+                if packet.stream != 0 or not packet.keyframe:
                     return  # a recording starts at a (forced) keyframe
-                active.mp4 = Mp4Writer(active.output.local / "video.mp4", self._encoder, item.pts)  # type: ignore[arg-type]
-                active.meta["start_pts"] = item.pts
-                self._write_meta(active)
-                self._backfill_commands(active)
-                self._tell("recordingStarted", {"id": active.output.id, "url": active.output.location})
-            active.mp4.write(item)
+                active.begin(self._encode.encoder, packet.pts, self._encoded_tracks())
+                # Commands settled between the request and this keyframe.
+                for record in self._history.since_wall(active.meta["requested_wall"]):
+                    active.log_command(record)
+                self._tell("recordingStarted", {"id": active.id, "url": active.output.location})
+            active.write(packet)
         except Exception as exc:
-            log.warning("session %s: recording %s failed: %r", self.session_id, active.output.id, exc)
+            log.warning("session %s: recording %s failed: %r", self.session_id, active.id, exc)
             self._fail(f"writing {active.output.location} failed: {type(exc).__name__}: {exc}")
             return
-        mp4 = active.mp4
-        if mp4.seconds >= self.settings.max_seconds:
-            self._limit(active, f"recording.max_seconds ({self.settings.max_seconds:g}) reached")
-        elif mp4.bytes >= self.settings.max_bytes:
-            self._limit(active, f"recording.max_bytes ({self.settings.max_bytes}) reached")
+        limit = active.limit_reached()
+        if limit is not None:
+            self._limit(active, limit)
 
-    def _limit(self, active: _Recording, message: str) -> None:
+    def _limit(self, active: ActiveRecording, message: str) -> None:
         active.limited = True
         loop = self._loop
-        rid = active.output.id
+        rid = active.id
 
         def stop() -> None:
-            if self._recording_id != rid:
-                return  # already stopped (requested, or the session ended)
-            self._recording_id = None
-            self._resolve(force=True)
-            self._put(("stop", "limit", message))
+            if self._recording_id == rid:  # else already stopped (requested, or the session ended)
+                self.stop("limit", message)
 
         try:
             if loop is None or loop.is_closed():
@@ -607,58 +426,12 @@ class SessionRecordings:
         except RuntimeError:
             self._on_stop("limit", message)
 
-    def _keep_for_clips(self, item: EncodedPacket) -> None:
-        assert self.settings is not None
-        span = self.settings.clip_seconds
-        if span <= 0:
-            return
-        if item.stream == 0 and item.keyframe:
-            self._gops.append(_Gop(item.pts))
-        if not self._gops:
-            return
-        gop = self._gops[-1]
-        gop.items.append(item)
-        gop.bytes += len(item.data)
-        self._gop_bytes += len(item.data)
-        newest = self._gops[-1].items[-1].pts if item.stream == 0 else None
-        # Drop the oldest interval once the next one alone still covers the span.
-        while len(self._gops) > 1 and (
-            (newest is not None and newest - self._gops[1].start_pts >= span * VIDEO_CLOCK_RATE)
-            or self._gop_bytes > CLIP_MAX_BYTES
-        ):
-            self._gop_bytes -= self._gops.popleft().bytes
-
-    def _on_command(self, record: dict[str, Any]) -> None:
-        with self._history_lock:
-            self._history.append(record)
-        active = self._active
-        if active is not None and active.mp4 is not None:
-            self._log_command(active, record)
-
-    def _backfill_commands(self, active: _Recording) -> None:
-        # Commands resolved between the request and the first keyframe.
-        since = active.meta["requested_wall"]
-        with self._history_lock:
-            records = [r for r in self._history if r["wall"] >= since]
-        for record in records:
-            self._log_command(active, record)
-
-    def _log_command(self, active: _Recording, record: dict[str, Any]) -> None:
-        assert active.mp4 is not None
-        if active.commands is None:
-            active.commands = open(active.output.local / "commands.jsonl", "a", encoding="utf-8")
-        line = dict(record)
-        line["t"] = round((record["pts"] - active.mp4.base_pts) / VIDEO_CLOCK_RATE, 6)
-        active.commands.write(json.dumps(line, separators=(",", ":")) + "\n")
-        active.commands.flush()
-        active.command_count += 1
-
     def _on_start(self, rid: str) -> None:
-        assert self.settings is not None
+        assert self.settings is not None and self._destination is not None and self._encode is not None
         if self._active is not None:
             self._on_stop("replaced", None)
         try:
-            output = self._output("recording", rid)
+            output = self._destination.output("recording", rid)
             output.local.mkdir(parents=True, exist_ok=True)
             (output.local / "commands.jsonl").touch()
         except Exception as exc:
@@ -671,62 +444,50 @@ class SessionRecordings:
             self._clear_loop_recording(rid)
             return
         self._drop_logged = False
-        self._want_keyframe = True
-        self._active = _Recording(output, time.time(), self._meta(output, rid))
-        self._active.meta["requested_wall"] = round(time.time(), 6)
+        self._encode.want_keyframe()
+        self._active = ActiveRecording(
+            output, self._meta(output, rid), max_seconds=self.settings.max_seconds,
+            max_bytes=self.settings.max_bytes, wall_clock=self._wall_clock,
+        )
+        self._active.meta["requested_wall"] = round(self._wall_clock(), 6)
 
     def _on_stop(self, reason: str, message: str | None) -> None:
         active, self._active = self._active, None
         if active is None:
             return
-        active.stop_reason, active.stop_message = reason, message
-        self._clear_loop_recording(active.output.id)
+        self._clear_loop_recording(active.id)
         try:
-            self._finalise(active)
+            active.finalise(reason, message, self._encoded_tracks())
         except Exception as exc:
             log.warning("session %s: finalising recording %s failed: %r",
-                        self.session_id, active.output.id, exc)
-            self._tell("recordingStopped", {"id": active.output.id, "reason": "error",
+                        self.session_id, active.id, exc)
+            self._tell("recordingStopped", {"id": active.id, "reason": "error",
                                             "message": f"finalising failed: {type(exc).__name__}: {exc}"})
             return
-        self._upload(active.output, "recordingStopped", self._summary(active))
+        summary = active.summary()
 
-    def _finalise(self, active: _Recording) -> None:
-        if active.mp4 is not None:
-            active.mp4.close()
-        if active.commands is not None:
-            active.commands.close()
-        self._write_meta(active, ended=True)
+        def failed(text: str) -> None:
+            self._tell("recordingStopped", dict(summary, reason="error", message=text,
+                                                url=str(active.output.local)))
 
-    def _summary(self, active: _Recording) -> dict[str, Any]:
-        mp4 = active.mp4
-        summary: dict[str, Any] = {
-            "id": active.output.id,
-            "url": active.output.location,
-            "frames": mp4.frames if mp4 else 0,
-            "bytes": mp4.bytes if mp4 else 0,
-            # From the first frame's pts to the last one's.
-            "seconds": round(mp4.seconds, 3) if mp4 else 0.0,
-            "commands": active.command_count,
-            "dropped": active.dropped,
-            "reason": active.stop_reason,
-        }
-        if active.stop_message:
-            summary["message"] = active.stop_message
-        return summary
+        self._uploads.deliver(active.output, partial(self._tell, "recordingStopped", summary), failed)
 
     def _fail(self, message: str) -> None:
         """A recording failed: stop it, keep what was written, tell the client."""
         active, self._active = self._active, None
         if active is None:
             return
-        self._clear_loop_recording(active.output.id)
-        active.stop_reason, active.stop_message = "error", message
+        self._clear_loop_recording(active.id)
         try:
-            self._finalise(active)
+            active.finalise("error", message, self._encoded_tracks())
         except Exception:
             pass
-        self._tell("recordingStopped", self._summary(active))
+        self._tell("recordingStopped", active.summary())
+
+    def _on_close(self, message: str) -> None:
+        self._on_stop("session_ended", message)
+        if self._encode is not None:
+            self._encode.close()
 
     def _clear_loop_recording(self, rid: str) -> None:
         loop = self._loop
@@ -743,149 +504,84 @@ class SessionRecordings:
             pass
 
     def _on_clip(self, cid: str, seconds: float) -> None:
-        if not self._gops or self._encoder is None:
+        assert self._ring is not None and self._encode is not None and self._destination is not None
+        clip = self._ring.cut(seconds)
+        encoder = self._encode.encoder
+        if clip is None or encoder is None:
             self._tell("recordingError", command_error("saveClip", "nothing to save yet: no frame was encoded", [
                 {"field": None, "rule": "empty", "value": None}]))
             return
-        newest = max(item.pts for item in self._gops[-1].items if item.stream == 0)
-        start = self._gops[0]
-        for gop in self._gops:
-            if gop.start_pts <= newest - seconds * VIDEO_CLOCK_RATE:
-                start = gop
-        items = [item for gop in self._gops if gop.start_pts >= start.start_pts for item in gop.items]
         try:
-            output = self._output("clip", cid)
+            output = self._destination.output("clip", cid)
             output.local.mkdir(parents=True, exist_ok=True)
-            mp4 = Mp4Writer(output.local / "video.mp4", self._encoder, start.start_pts)
+            mp4 = Mp4Writer(output.local / "video.mp4", encoder, clip.start_pts)
             try:
-                for item in items:
-                    mp4.write(item)
+                for packet in clip.packets:
+                    mp4.write(packet)
             finally:
                 mp4.close()
-            start_wall = time.time() - (newest - start.start_pts) / VIDEO_CLOCK_RATE
-            with self._history_lock:
-                records = [r for r in self._history if r["pts"] >= start.start_pts]
-            with open(output.local / "commands.jsonl", "w", encoding="utf-8") as log_file:
+            start_wall = self._wall_clock() - (clip.newest_pts - clip.start_pts) / VIDEO_CLOCK_RATE
+            records = self._history.since_pts(clip.start_pts)
+            commands = CommandFile(output.local / "commands.jsonl", clip.start_pts)
+            try:
                 for record in records:
-                    line = dict(record)
-                    line["t"] = round((record["pts"] - start.start_pts) / VIDEO_CLOCK_RATE, 6)
-                    log_file.write(json.dumps(line, separators=(",", ":")) + "\n")
+                    commands.write(record)
+            finally:
+                commands.close()
             meta = self._meta(output, cid)
-            meta.update(start_pts=start.start_pts, started_at=round(start_wall, 3), frames=mp4.frames,
+            meta.update(start_pts=clip.start_pts, started_at=round(start_wall, 3), frames=mp4.frames,
                         bytes=mp4.bytes, seconds=round(mp4.seconds, 3), requested_seconds=seconds,
-                        commands=len(records), ended_at=round(time.time(), 3), end_reason="clip")
-            _write_json(output.local / "meta.json", meta)
+                        commands=len(records), ended_at=round(self._wall_clock(), 3), end_reason="clip")
+            output.write_meta(meta)
         except Exception as exc:
             self._tell("recordingError", command_error("saveClip", f"saving the clip failed: {type(exc).__name__}: {exc}", [
                 {"field": None, "rule": "write_failed", "value": None}]))
             return
-        self._upload(output, "clipSaved", {
+
+        def failed(text: str) -> None:
+            self._tell("recordingError", command_error(
+                "saveClip", text, [{"field": None, "rule": "upload_failed", "value": None}]))
+
+        self._uploads.deliver(output, partial(self._tell, "clipSaved", {
             "id": cid, "url": output.location, "frames": mp4.frames, "bytes": mp4.bytes,
             "seconds": round(mp4.seconds, 3), "commands": len(records),
-        })
+        }), failed)
 
-    # ---- files ---------------------------------------------------------------------------
+    # ---- meta.json -----------------------------------------------------------------------
 
-    def _output(self, kind: str, oid: str) -> _Output:
-        assert self.settings is not None
-        parts = [_safe(self.model), _safe(self.session_id)] + (["clips"] if kind == "clip" else []) + [oid]
-        destination = self.settings.destination
-        if "://" in destination and not destination.startswith("file://"):
-            staging = Path(tempfile.mkdtemp(prefix="reactor-recording-"))
-            return _Output(oid, kind, staging, destination.rstrip("/") + "/" + "/".join(parts))
-        if destination.startswith("file://"):
-            destination = destination[len("file://"):]
-        return _Output(oid, kind, Path(destination).joinpath(*parts).absolute(), None)
+    def _tracks(self) -> list[dict[str, Any]]:
+        """The output's tracks, with the video's size once the encoder is made."""
+        encoder = self._encode.encoder if self._encode is not None else None
+        return [{"name": t.name, "kind": t.kind,
+                 **({"width": encoder.width, "height": encoder.height}
+                    if t.name == self._video and encoder is not None else {}),
+                 **({"sample_rate": AUDIO_CLOCK_RATE, "channels": 2 if t.channels == 2 else 1}
+                    if t.kind == "audio" else {})}
+                for t in self._outputs]
 
-    def _meta(self, output: _Output, oid: str) -> dict[str, Any]:
-        encoder = self._encoder
+    def _encoded_tracks(self) -> list[dict[str, Any]] | None:
+        """The tracks for a recording's meta.json; None while there is no encoder (it
+        keeps the tracks it has)."""
+        if self._encode is None or self._encode.encoder is None:
+            return None
+        return self._tracks()
+
+    def _meta(self, output: Output, oid: str) -> dict[str, Any]:
+        fps = self._encode.fps if self._encode is not None else None
         return {
             "kind": output.kind,
             "id": oid,
             "model": self.model,
             "session_id": self.session_id,
-            "started_at": round(time.time(), 3),
-            "fps": round(self._fps, 3) if self._fps else None,
+            "started_at": round(self._wall_clock(), 3),
+            "fps": round(fps, 3) if fps else None,
             "video_track": self._video,
-            "tracks": [{"name": t.name, "kind": t.kind,
-                        **({"width": encoder.width, "height": encoder.height}
-                           if t.name == self._video and encoder is not None else {}),
-                        **({"sample_rate": AUDIO_CLOCK_RATE, "channels": 2 if t.channels == 2 else 1}
-                           if t.kind == "audio" else {})}
-                       for t in self._outputs],
+            "tracks": self._tracks(),
             "recorded_tracks": [self._video] + [t.name for t in self._audio],
             "video": {"codec": "h264", "time_base": f"1/{VIDEO_CLOCK_RATE}"},
             "audio": {"codec": "aac", "time_base": f"1/{AUDIO_CLOCK_RATE}"},
             "repeats": "every presented slot is a frame, repeated pictures included",
         }
-
-    def _write_meta(self, active: _Recording, ended: bool = False) -> None:
-        meta = active.meta
-        if self._encoder is not None:
-            meta["tracks"] = self._meta(active.output, active.output.id)["tracks"]
-        if ended:
-            meta.update(self._summary(active))
-            meta.pop("url", None)
-            meta["ended_at"] = round(time.time(), 3)
-            meta["end_reason"] = active.stop_reason
-            if active.stop_message:
-                meta["end_message"] = active.stop_message
-        _write_json(active.output.local / "meta.json", meta)
-
-    def _upload(self, output: _Output, message: str, summary: dict[str, Any]) -> None:
-        if output.remote is None:
-            self._tell(message, summary)
-            return
-
-        def upload() -> None:
-            try:
-                import fsspec
-
-                fs, path = fsspec.core.url_to_fs(output.remote)
-                fs.makedirs(path, exist_ok=True)
-                for local in sorted(output.local.iterdir()):
-                    fs.put_file(str(local), f"{path.rstrip('/')}/{local.name}")
-            except Exception as exc:
-                log.warning("session %s: uploading %s failed: %r", self.session_id, output.remote, exc)
-                failed = dict(summary, reason="error",
-                              message=f"uploading to {output.remote} failed: {type(exc).__name__}: {exc}"
-                              + f"; the files stay in {output.local}")
-                failed["url"] = str(output.local)
-                if message == "clipSaved":
-                    self._tell("recordingError", command_error(
-                        "saveClip", failed["message"], [{"field": None, "rule": "upload_failed", "value": None}]))
-                else:
-                    self._tell(message, failed)
-                return
-            shutil.rmtree(output.local, ignore_errors=True)
-            self._tell(message, summary)
-
-        try:
-            self._uploads.submit(upload)
-        except RuntimeError:
-            upload()  # shutting down: upload on this thread
-
-    def stats(self) -> dict[str, Any]:
-        encoder = self._encoder
-        return {
-            "recording": self._recording_id,
-            "recording_dropped_frames": self.dropped_frames,
-            "recording_encode_cpu_ms": round(encoder.cpu_s * 1000.0, 1) if encoder else 0.0,
-        }
-
-
-def _holds(args: Any, errors: Any) -> bool:
-    """Whether a command's `args` hold the values a commandError's `errors` name."""
-    if not isinstance(errors, list):
-        return True
-    for error in errors:
-        if not isinstance(error, dict) or not error.get("field"):
-            continue
-        if not isinstance(args, dict) or str(error["field"]) not in args:
-            return False
-        if args[str(error["field"])] != error.get("value"):
-            return False
-    return True
 
 
 def _no_arguments(data: Any, allowed: tuple[str, ...]) -> None:
@@ -896,28 +592,3 @@ def _no_arguments(data: Any, allowed: tuple[str, ...]) -> None:
         raise _Refused(f"unknown field {describe_value(extra[0])}"
                        + (f" (allowed: {', '.join(allowed)})" if allowed else " (it takes none)"),
                        "unknown_field", str(extra[0])[:64])
-
-
-def _safe(part: str) -> str:
-    """A path segment made of a model name or session id (URL-safe already; this
-    makes sure of it)."""
-    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in part)[:128]
-    return cleaned.strip(".") or "_"
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        json.dump(data, out, indent=2)
-    os.replace(tmp, path)
-
-
-def _shutdown_within(executor: concurrent.futures.ThreadPoolExecutor, timeout: float) -> None:
-    done = threading.Event()
-
-    def wait() -> None:
-        executor.shutdown(wait=True)
-        done.set()
-
-    threading.Thread(target=wait, daemon=True).start()
-    done.wait(timeout)
