@@ -31,6 +31,7 @@ def test_a_setter_replaces_the_waiting_value_of_its_field_and_goes_to_the_back()
     # The newest x applies after the event sent before it, never before.
     assert list(queue) == ["poke", "y=1", "x=2"]
     assert queue.coalesced == 1
+    assert "x" in queue and "z" not in queue and "poke" not in queue
     assert [queue.popleft() for _ in range(len(queue))] == ["poke", "y=1", "x=2"]
     assert not queue
 

@@ -60,6 +60,10 @@ class CommandQueue(Generic[T]):
         self._items.clear()
         return items
 
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether an item put with `key` waits."""
+        return key in self._items
+
     def __len__(self) -> int:
         return len(self._items)
 

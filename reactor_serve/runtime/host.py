@@ -109,7 +109,10 @@ class ModelHost:
         # Commands on their way to the model loop, drained there in one callback: a
         # loop busy in a forward pass lets setters of a field coalesce here instead of
         # piling up one callback per value.
-        self._inbox: CommandQueue[tuple[Session, str, Any, CommandTicket | None]] = CommandQueue()
+        # (session, name, data, ticket, validated args: setters only)
+        self._inbox: CommandQueue[
+            tuple[Session, str, Any, CommandTicket | None, dict[str, Any] | None]
+        ] = CommandQueue()
         self._drain_scheduled = False
         # Commands applied since the last emit began, for its first frame to answer.
         self._answers: list[FrameAnswer] = []
@@ -340,13 +343,26 @@ class ModelHost:
         if not self._thread.alive or session.stopping:
             return
         setter = self._is_setter(name)
+        args = None
+        if setter:
+            # Validated before it can supersede a waiting value: an invalid value gets
+            # its commandError and never displaces a valid one. (Pure, so any thread.)
+            try:
+                args = self.spec.commands[name].validate(data)
+            except InputRejected as exc:
+                session.send_runtime(
+                    "commandError", _with_id(ticket, command_error(name, exc.message, exc.errors))
+                )
+                return
         superseded = None
         with self._command_lock:
             full = not setter and self._queued_commands >= self.MAX_QUEUED_COMMANDS
             if not full:
                 if not setter:
                     self._queued_commands += 1
-                superseded = self._inbox.put((session, name, data, ticket), name if setter else None)
+                superseded = self._inbox.put(
+                    (session, name, data, ticket, args), name if setter else None
+                )
                 schedule, self._drain_scheduled = not self._drain_scheduled, True
         if full:
             session.send_runtime(
@@ -378,8 +394,8 @@ class ModelHost:
         with self._command_lock:
             items = self._inbox.clear()
             self._drain_scheduled = False
-        for session, name, data, ticket in items:
-            self._on_command(session, name, data, ticket)
+        for session, name, data, ticket, args in items:
+            self._on_command(session, name, data, ticket, args)
 
     def _command_done(self, count: int = 1) -> None:
         """`count` events (or unknown commands) were applied or dropped: setters are
@@ -388,7 +404,8 @@ class ModelHost:
             self._queued_commands = max(0, self._queued_commands - count)
 
     def _on_command(
-        self, session: Session, name: str, data: Any, ticket: CommandTicket | None
+        self, session: Session, name: str, data: Any, ticket: CommandTicket | None,
+        args: dict[str, Any] | None = None,
     ) -> None:
         counted = not self._is_setter(name)
         if session is not self._session or session.stopping:
@@ -396,6 +413,9 @@ class ModelHost:
                 self._command_done()
             return
         command = self.spec.commands.get(name)
+        if args is not None and command is not None:
+            self._driver.deliver(session, command, args, ticket)
+            return
         try:
             if command is None:
                 known = ", ".join(sorted(self.spec.commands)) or "none"
