@@ -2,6 +2,7 @@ import contextlib
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 from reactor_serve.runtime.host import ModelHost
 from reactor_serve.runtime.local_client import LocalClient

@@ -19,6 +19,7 @@ field and the rule, with the value described, and the client gets a `commandErro
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -49,6 +50,7 @@ __all__ = [
     "BadCommand",
     "Inbound",
     "ProtocolError",
+    "RefusedFrame",
     "Scope",
     "application",
     "brief",
@@ -74,6 +76,9 @@ _CONTROL_LEVELS = 2
 # Digits of MAX_INT: a longer integer literal is out of range without converting it
 # (converting a 60000-digit literal is quadratic, and past 4300 digits raises).
 _MAX_INT_DIGITS = len(str(MAX_INT))
+
+RULE_MAX_BYTES = f"max_bytes={MAX_MESSAGE_BYTES}"
+RULE_UTF8 = "utf8"
 
 # Integer command ids stay within what a JavaScript number holds exactly.
 _MAX_SAFE_ID = 2**53 - 1
@@ -101,6 +106,16 @@ class BadCommand(ProtocolError):
         self.errors = errors
         # The envelope's "id", when it was a valid one: the error names it.
         self.command_id = command_id
+
+
+class RefusedFrame(ProtocolError):
+    """A frame refused whole, before (or instead of) parsing it: too big, not UTF-8,
+    nested past MAX_PARSE_DEPTH, or naming its type with a lone surrogate. `rule` names
+    the limit it broke; `salvage_command` finds which command it was, if it was one."""
+
+    def __init__(self, message: str, rule: str) -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 @dataclass(frozen=True)
@@ -138,7 +153,9 @@ def decode(raw: str | bytes) -> Inbound:
     if not type_:
         raise ProtocolError('message "type" is empty')
     if has_lone_surrogate(type_):
-        raise ProtocolError('message "type" is not valid Unicode (it holds a lone surrogate)')
+        raise RefusedFrame(
+            'message "type" is not valid Unicode (it holds a lone surrogate)', RULE_UNICODE
+        )
     where = f"{scope} {_short(type_)}"
     command_id = None
     if scope == "application":
@@ -153,6 +170,40 @@ def decode(raw: str | bytes) -> Inbound:
         if problem is not None:
             raise ProtocolError(f"{where}: {problem[1]} breaks {problem[0]}")
     return Inbound(scope=scope, type=type_, data=_payload(inner, where), id=command_id)
+
+
+# What `salvage_command` looks for in a frame it cannot parse. Bounded repeats: a
+# failed match never backtracks far, so the search stays linear in the frame.
+_SALVAGE_SCOPE = re.compile(r'"scope"\s{0,16}:\s{0,16}"application"')
+_SALVAGE_TYPE = re.compile(r'"type"\s{0,16}:\s{0,16}("(?:[^"\\]|\\.){1,128}")')
+_SALVAGE_ID = re.compile(r'"id"\s{0,16}:\s{0,16}("(?:[^"\\]|\\.){1,64}"|-?\d{1,16}\b)')
+
+
+def salvage_command(raw: Any) -> tuple[str | None, str | int | None]:
+    """(command name, command id) of a frame refused whole (`RefusedFrame`), found by
+    searching its text, so that its commandError can name them; (None, None) where
+    the frame is not visibly a command. Best effort: the frame was never parsed, so a
+    name found is what the frame says at the first "type" key, at whatever depth."""
+    if not isinstance(raw, str):
+        return None, None
+    text = raw[:MAX_MESSAGE_BYTES]
+    if _SALVAGE_SCOPE.search(text) is None:
+        return None, None
+    found = _SALVAGE_TYPE.search(text)
+    if found is None:
+        return None, None
+    try:
+        name = json.loads(found.group(1))
+    except ValueError:
+        return None, None
+    command_id: str | int | None = None
+    found_id = _SALVAGE_ID.search(text)
+    if found_id is not None:
+        try:
+            command_id = _command_id(json.loads(found_id.group(1)), name, "")
+        except ValueError:  # not valid JSON, or an id the protocol refuses
+            command_id = None
+    return name, command_id
 
 
 def _command_id(value: Any, name: str, where: str) -> str | int | None:
@@ -289,23 +340,31 @@ def _load_object(raw: Any, what: str) -> dict[str, Any]:
     # A str has at least one UTF-8 byte per character: reject by character count
     # before encoding a huge frame.
     if len(raw) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"frame of {len(raw)}+ bytes exceeds {MAX_MESSAGE_BYTES} bytes")
+        raise RefusedFrame(
+            f"frame of {len(raw)}+ bytes exceeds {MAX_MESSAGE_BYTES} bytes", RULE_MAX_BYTES
+        )
     if not raw.isascii():
         try:
             size = len(raw.encode("utf-8"))
         except UnicodeEncodeError:
             # Lone surrogates in the frame itself: bytes that were not UTF-8 (see the
             # transport guard in data_channel.py), not a JSON "\ud800" escape.
-            raise ProtocolError("frame is not valid UTF-8 text") from None
+            raise RefusedFrame("frame is not valid UTF-8 text", RULE_UTF8) from None
         if size > MAX_MESSAGE_BYTES:
-            raise ProtocolError(f"frame of {size} bytes exceeds {MAX_MESSAGE_BYTES} bytes")
+            raise RefusedFrame(
+                f"frame of {size} bytes exceeds {MAX_MESSAGE_BYTES} bytes", RULE_MAX_BYTES
+            )
     try:
         value = loads_bounded(raw, max_depth=MAX_PARSE_DEPTH, hooks=_NUMBER_HOOKS)
     except RefusedJSON as exc:
         # The contract is "ProtocolError and nothing else", whatever the bytes.
         if exc.problem == "depth":
-            raise ProtocolError(
-                f"invalid JSON: nested {exc.detail} deep, more than {MAX_PARSE_DEPTH}"
+            # The rule a value breaks at MAX_DEPTH: the client hears the same rule for
+            # 40 levels as for 10,000, only the depth in the message differs.
+            raise RefusedFrame(
+                f"invalid JSON: nested {exc.detail} deep, more than {MAX_PARSE_DEPTH} "
+                f"(values may nest at most {MAX_DEPTH} deep)",
+                f"max_depth={MAX_DEPTH}",
             ) from None
         raise ProtocolError(f"invalid JSON: {exc.detail}") from None
     if not isinstance(value, dict):

@@ -32,6 +32,7 @@ from reactor_serve.interface.context import (
 from reactor_serve.interface.legacy import ModelConfig
 from reactor_serve.interface.messages import ModelMessage
 from reactor_serve.interface.state import InputRejected
+from reactor_serve.runtime.command_queue import CommandQueue
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.runtime.input_latency import CommandTicket, FrameAnswer
@@ -80,9 +81,11 @@ class SessionBusy(RuntimeError):
 class ModelHost:
     """Runs one model instance and its sessions."""
 
-    # Commands delivered but not yet applied, at most. A client flooding the data
+    # Events delivered but not yet applied, at most. A client flooding the data
     # channel gets `commandError` (rule `queue_full`) for the excess instead of
-    # growing the model loop's queue without bound; the session goes on.
+    # growing the model loop's queue without bound; the session goes on. Setters are
+    # not counted: they coalesce (CommandQueue), so at most one per field waits, and
+    # refusing one would lose the value the client sent last.
     MAX_QUEUED_COMMANDS = 64
 
     def __init__(
@@ -115,6 +118,14 @@ class ModelHost:
         self.restarts = 0
         self._queued_commands = 0
         self._command_lock = threading.Lock()
+        # Commands on their way to the model loop, drained there in one callback: a
+        # loop busy in a forward pass lets setters of a field coalesce here instead of
+        # piling up one callback per value.
+        # (session, name, data, ticket, validated args: setters only)
+        self._inbox: CommandQueue[
+            tuple[Session, str, Any, CommandTicket | None, dict[str, Any] | None]
+        ] = CommandQueue()
+        self._drain_scheduled = False
         # Commands applied since the last emit began, for its first frame to answer.
         self._answers: list[FrameAnswer] = []
         # Tasks the host starts on the model loop, referenced until done (the loop
@@ -339,13 +350,32 @@ class ModelHost:
         self, session: Session, name: str, data: Any, ticket: CommandTicket | None = None
     ) -> None:
         """A client command (any thread): validated and applied on the model loop.
-        `ticket`: its id and arrival, for the frame that answers it."""
+        `ticket`: its id and arrival, for the frame that answers it. A setter replaces
+        a waiting one of the same field; the replaced one's ticket is never answered."""
         if not self._thread.alive or session.stopping:
             return
+        setter = self._is_setter(name)
+        args = None
+        if setter:
+            # Validated before it can supersede a waiting value: an invalid value gets
+            # its commandError and never displaces a valid one. (Pure, so any thread.)
+            try:
+                args = self.spec.commands[name].validate(data)
+            except InputRejected as exc:
+                session.send_runtime(
+                    "commandError", _with_id(ticket, command_error(name, exc.message, exc.errors))
+                )
+                return
+        superseded = None
         with self._command_lock:
-            full = self._queued_commands >= self.MAX_QUEUED_COMMANDS
+            full = not setter and self._queued_commands >= self.MAX_QUEUED_COMMANDS
             if not full:
-                self._queued_commands += 1
+                if not setter:
+                    self._queued_commands += 1
+                superseded = self._inbox.put(
+                    (session, name, data, ticket, args), name if setter else None
+                )
+                schedule, self._drain_scheduled = not self._drain_scheduled, True
         if full:
             session.send_runtime(
                 "commandError",
@@ -357,22 +387,47 @@ class ModelHost:
                 }),
             )
             return
-        try:
-            self._thread.call_soon(self._on_command, session, name, data, ticket)
-        except RuntimeError:  # the model loop closed in between
-            self._command_done()
+        if superseded is not None and superseded[0] is session:
+            session.count_coalesced()
+        if schedule:
+            try:
+                self._thread.call_soon(self._drain_inbox)
+            except RuntimeError:  # the model loop closed in between
+                with self._command_lock:
+                    dropped = self._inbox.clear()
+                    self._drain_scheduled = False
+                self._command_done(sum(not self._is_setter(item[1]) for item in dropped))
+
+    def _is_setter(self, name: str) -> bool:
+        command = self.spec.commands.get(name)
+        return command is not None and command.kind == "setter"
+
+    def _drain_inbox(self) -> None:
+        with self._command_lock:
+            items = self._inbox.clear()
+            self._drain_scheduled = False
+        for session, name, data, ticket, args in items:
+            self._on_command(session, name, data, ticket, args)
 
     def _command_done(self, count: int = 1) -> None:
+        """`count` events (or unknown commands) were applied or dropped: setters are
+        never counted."""
         with self._command_lock:
             self._queued_commands = max(0, self._queued_commands - count)
 
     def _on_command(
-        self, session: Session, name: str, data: Any, ticket: CommandTicket | None
+        self, session: Session, name: str, data: Any, ticket: CommandTicket | None,
+        args: dict[str, Any] | None = None,
     ) -> None:
+        counted = not self._is_setter(name)
         if session is not self._session or session.stopping:
-            self._command_done()
+            if counted:
+                self._command_done()
             return
         command = self.spec.commands.get(name)
+        if args is not None and command is not None:
+            self._driver.deliver(session, command, args, ticket)
+            return
         try:
             if command is None:
                 known = ", ".join(sorted(self.spec.commands)) or "none"
@@ -382,7 +437,8 @@ class ModelHost:
                 )
             args = command.validate(data)
         except InputRejected as exc:
-            self._command_done()
+            if counted:
+                self._command_done()
             session.send_runtime(
                 # Values described where JSON cannot carry them: the error always sends.
                 "commandError", _with_id(ticket, command_error(name, exc.message, exc.errors))
@@ -400,7 +456,8 @@ class ModelHost:
             if session is self._session and not session.stopping:
                 await self._fail(session, f"{command.target}()", exc)
         finally:
-            self._command_done()
+            if command.kind != "setter":
+                self._command_done()
 
     async def _apply(
         self, command: CommandSpec, args: dict[str, Any], ticket: CommandTicket | None = None

@@ -131,6 +131,9 @@ class Session:
         self.end_reason: str | None = None
         self.end_detail: str | None = None
         self.commands_rejected = 0
+        # Setter values replaced by a newer value of their field before they applied
+        # (CommandQueue): not errors, but the client may want to know.
+        self.commands_coalesced = 0
         # Input-to-frame latency (runtime/input_latency.py): commands answered by a
         # frame sent to the client and not yet reported, by id; the reports.
         self._answered: collections.OrderedDict[Any, None] = collections.OrderedDict()
@@ -175,6 +178,15 @@ class Session:
         )
         self.host.submit_command(self, name, {} if data is None else data, ticket)
         return ticket
+
+    def count_coalesced(self, count: int = 1) -> None:
+        """`count` of this session's setter values were superseded before applying."""
+        self.commands_coalesced += count
+        # Where the model runs in a process of its own, its session's sink forwards
+        # the count to the media process's session, whose stats the client reads.
+        forward = getattr(self.sink, "coalesced", None)
+        if forward is not None:
+            forward(count)
 
     def frame_answered(
         self, answer: FrameAnswer, track: str, frame_offset: int,
@@ -252,5 +264,6 @@ class Session:
             "presented": self.clock.presented,
             "new_frames": self.clock.new_frames,
             "commands_rejected": self.commands_rejected,
+            "commands_coalesced": self.commands_coalesced,
             "input_to_frame_ms": self.input_latency.summary(),
         }

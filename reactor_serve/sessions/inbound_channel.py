@@ -6,14 +6,22 @@ One `InboundHandler` per model session decodes each frame on `"data"` and `"cont
 limits commands per session with a token bucket. docs/architecture.md "Bad input and
 faults" is the contract:
 
-- a frame that is not a valid envelope (null, an array, binary, too big, too deep, not
-  UTF-8) is dropped with one log line, rate-limited, and counted; the session goes on;
+- a frame that is not a valid envelope (null, an array, binary, malformed JSON) is
+  dropped with one log line, rate-limited, and counted; the session goes on;
+- a text frame refused whole (too big, nested past MAX_PARSE_DEPTH, not UTF-8, a
+  lone surrogate in its type) is dropped and counted the same way, and also answered
+  with a `commandError` naming the rule it broke (and the command and id, where the
+  text shows them): a client must never be left guessing why its command vanished;
 - an application envelope naming a command whose arguments cannot be accepted as sent
   (NaN, 1e309, a 5000-digit integer, a lone surrogate, 200 levels of nesting, data that
   is not an object) gets a `commandError` naming field and rule, with the value
   described, never echoed raw;
 - commands past the rate limit are dropped, with one `commandError` (rule
-  `rate_limited`) per flood, not one per dropped command;
+  `rate_limited`) per flood, not one per dropped command; except generated setters
+  (`set_<field>`), whose newest value must win: one refused by the limit is held,
+  replacing any held value of its field (counted as coalesced, not an error), and
+  handed on when the bucket has a token again. At most one value per field is held,
+  so a flood costs a dict update per frame and no memory;
 - nothing is raised out of a handler, ever: an exception from an aiortc "message"
   handler propagates into its DTLS receive loop, which then closes the transport and
   the video stops. `guard_sctp_text_frames` (on each session's transport) covers the one case
@@ -24,12 +32,14 @@ faults" is the contract:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from reactor_serve.protocol import channel_codec, model_documents
+from reactor_serve.runtime.command_queue import CommandQueue
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.log_throttle import LogThrottle
 from reactor_serve.sessions.recording.recorder import RECORDING_REQUESTS
@@ -75,6 +85,12 @@ class TokenBucket:
             return True
         return False
 
+    def delay(self) -> float:
+        """Seconds until `take()` can succeed (0.0: now)."""
+        elapsed = max(0.0, self._clock() - self._at)
+        tokens = min(self.burst, self._tokens + elapsed * self.rate)
+        return max(0.0, (1.0 - tokens) / self.rate)
+
     @property
     def full(self) -> bool:
         """True when at most one token short of `burst` (as right after a take from
@@ -94,6 +110,8 @@ class InboundCounters:
     commands: int = 0  # valid commands handed to the model session
     rejected: int = 0  # commands answered here with a commandError (malformed arguments)
     rate_limited: int = 0  # frames dropped by the command rate limit
+    held: int = 0  # setters past the rate limit, held for the next token
+    coalesced: int = 0  # held setters replaced by a newer value of their field
     faults: int = 0  # unexpected exceptions caught and swallowed
 
 
@@ -121,6 +139,8 @@ class InboundHandler:
         report_latency: Callable[[Any, Any], str | None] | None = None,
         on_command: Callable[[str, Any, dict[str, Any] | None, str | int | None], None] | None = None,
         recording: Callable[[str, dict[str, Any]], None] | None = None,
+        on_coalesced: Callable[[], None] | None = None,
+        call_later: Callable[[float, Callable[[], None]], Any] | None = None,
     ) -> None:
         self.session_id = session_id
         self._command = command
@@ -143,6 +163,13 @@ class InboundHandler:
         # the next admitted command instead would send an error per refilled token
         # under a sustained flood, which is as bad as one per dropped command.
         self._limit_reported = False
+        # Setters past the rate limit, newest value per command (see the module doc).
+        self._held: CommandQueue[tuple[str, dict[str, Any], str | int | None]] = CommandQueue()
+        self._on_coalesced = on_coalesced
+        # Schedules the release of held setters once a token is back (the running
+        # loop's call_later unless injected); without it they wait for the next frame.
+        self._call_later = call_later or _loop_call_later
+        self._release_scheduled = False
 
     def on_message(self, label: str, raw: Any) -> None:
         self.counters.frames += 1
@@ -173,11 +200,21 @@ class InboundHandler:
                 self._on_command(exc.command, None, error, exc.command_id)
             self._send(channel_codec.runtime("commandError", error))
             return
+        except channel_codec.RefusedFrame as exc:
+            self._ignore("data-channel", exc)
+            self._refuse_frame(raw, exc)
+            return
         except channel_codec.ProtocolError as exc:
             self._ignore("data-channel", exc)
             return
         if message.scope == "application":
-            if self._admit(message.type):
+            # Held values go first: a token they wait for is theirs before a newer
+            # command's, and an older value must never land after a newer one.
+            self._release_held()
+            setter = self._is_setter(message.type)
+            if setter and (message.type in self._held or not self.bucket.take()):
+                self._hold(message.type, message.data, message.id)
+            elif setter or self._admit(message.type):
                 self.counters.commands += 1
                 command_id = self._command(message.type, message.data, message.id)
                 if self._on_command is not None:
@@ -206,6 +243,64 @@ class InboundHandler:
         else:
             log.debug("session %s: unhandled runtime message %s", self.session_id,
                       channel_codec.brief(message.type))
+
+    def _refuse_frame(self, raw: Any, exc: channel_codec.RefusedFrame) -> None:
+        name, command_id = channel_codec.salvage_command(raw)
+        # A token, as for any command answered here: a flood of such frames gets one
+        # rate_limited error, not one error each.
+        if not self._admit(name if name is not None else "<unreadable frame>"):
+            return
+        self.counters.rejected += 1
+        error = command_error(
+            name, str(exc), [{"field": None, "rule": exc.rule, "value": None}]
+        )
+        if command_id is not None:
+            error["id"] = command_id
+        if self._on_command is not None and name is not None:
+            self._on_command(name, None, error, command_id)
+        self._send(channel_codec.runtime("commandError", error))
+
+    # ---- setters past the rate limit ----------------------------------------------
+
+    def _is_setter(self, name: str) -> bool:
+        command = getattr(self._spec(), "commands", {}).get(name)
+        return getattr(command, "kind", None) == "setter"
+
+    def _hold(self, name: str, args: dict[str, Any], command_id: str | int | None) -> None:
+        self.counters.held += 1
+        if self._held.put((name, args, command_id), name) is not None:
+            self.counters.coalesced += 1
+            if self._on_coalesced is not None:
+                self._on_coalesced()
+        # Logged as it arrives, like every command handed on: the log is what the
+        # client sent, in order; a value coalesced away was still accepted.
+        if self._on_command is not None:
+            self._on_command(name, args, None, command_id)
+        self._schedule_release()
+
+    def _release_held(self) -> None:
+        while self._held and self.bucket.take():
+            name, args, command_id = self._held.popleft()
+            self.counters.commands += 1
+            self._command(name, args, command_id)
+
+    def _schedule_release(self) -> None:
+        if self._release_scheduled or not self._held:
+            return
+        try:
+            self._call_later(self.bucket.delay(), self._on_release_due)
+        except RuntimeError:  # no running loop: the next frame releases them
+            return
+        self._release_scheduled = True
+
+    def _on_release_due(self) -> None:
+        self._release_scheduled = False
+        try:
+            self._release_held()
+        except Exception:
+            self.counters.faults += 1
+            _throttle.exception("session %s: releasing held commands failed", self.session_id)
+        self._schedule_release()
 
     # ---- "control" ----------------------------------------------------------------
 
@@ -263,3 +358,7 @@ class InboundHandler:
             self._on_ignored()
         # %.200s: the reason quotes the client's bytes (escaped); keep lines short.
         _throttle.warning("session %s: ignored a %s frame: %.200s", self.session_id, channel, exc)
+
+
+def _loop_call_later(delay: float, callback: Callable[[], None]) -> Any:
+    return asyncio.get_running_loop().call_later(delay, callback)

@@ -624,6 +624,11 @@ class PeerSession:
         def ignored() -> None:
             self.ignored_frames += 1
 
+        def coalesced() -> None:
+            session = self.session
+            if session is not None:
+                session.count_coalesced()
+
         def on_command(
             name: str, args: Any, error: dict[str, Any] | None, command_id: str | int | None
         ) -> None:
@@ -650,6 +655,7 @@ class PeerSession:
             report_latency=report_latency,
             on_command=on_command,
             recording=recording,
+            on_coalesced=coalesced,
         )
 
     def _send(self, text: str) -> None:

@@ -699,3 +699,122 @@ def test_input_latency_reports_reach_the_session_and_hostile_ones_never_raise():
         handler.on_message("data", '{"scope":"runtime","data":{"type":"inputLatency","data":%s}}' % data)
     assert reports[0] == ("c1", 80.5)
     assert handler.counters.faults == 0
+
+
+# --- setters past the rate limit are held, newest value wins (issue 19) -------------------
+
+from reactor_serve.protocol import channel_codec  # noqa: E402
+
+
+class SetterSpec(FakeSpec):
+    commands = {
+        "set_x": type("Setter", (), {"kind": "setter"})(),
+        "poke": type("Event", (), {"kind": "event"})(),
+    }
+
+
+def held_handler(clock, rate=10, burst=2):
+    sent, commands, timers, coalesced = [], [], [], []
+    handler = InboundHandler(
+        session_id="s",
+        command=lambda name, args, command_id: commands.append((name, args, command_id)),
+        send=lambda text: sent.append(json.loads(text)),
+        send_control=lambda text: None,
+        spec=lambda: SetterSpec,
+        bucket=TokenBucket(rate=rate, burst=burst, clock=clock),
+        on_coalesced=lambda: coalesced.append(1),
+        call_later=lambda delay, callback: timers.append((delay, callback)),
+    )
+    return handler, sent, commands, timers, coalesced
+
+
+def test_setters_past_the_limit_are_held_newest_first_and_released_on_a_token():
+    clock = Clock()
+    handler, sent, commands, timers, coalesced = held_handler(clock)
+    for value in range(1000):
+        handler.on_message("data", channel_codec.command("set_x", {"x": value}, f"c{value}"))
+    # The burst went on; the rest coalesced into one held value, with no error.
+    assert commands == [("set_x", {"x": 0}, "c0"), ("set_x", {"x": 1}, "c1")]
+    assert sent == [] and handler.counters.rate_limited == 0
+    assert handler.counters.held == 998 and handler.counters.coalesced == 997 == len(coalesced)
+    # One timer, due when the bucket has a token again.
+    assert len(timers) == 1 and timers[0][0] == pytest.approx(0.1)
+    clock.now = 0.1
+    timers.pop()[1]()
+    assert commands[-1] == ("set_x", {"x": 999}, "c999")
+    assert timers == []  # nothing left to release
+
+
+def test_a_held_setter_is_released_before_a_newer_command_takes_its_token():
+    clock = Clock()
+    handler, _, commands, timers, _ = held_handler(clock, burst=1)
+    handler.on_message("data", channel_codec.command("set_x", {"x": 1}))
+    handler.on_message("data", channel_codec.command("set_x", {"x": 2}))  # held
+    clock.now = 0.1  # one token back, before the timer fires
+    handler.on_message("data", channel_codec.command("set_x", {"x": 3}))
+    # 2 went out on the token; 3 waits for the next one, never landing before 2.
+    assert [args["x"] for _, args, _ in commands] == [1, 2]
+    clock.now = 0.2
+    timers[-1][1]()
+    assert [args["x"] for _, args, _ in commands] == [1, 2, 3]
+
+
+def test_events_past_the_limit_are_still_dropped_with_one_named_error():
+    clock = Clock()
+    handler, sent, commands, timers, _ = held_handler(clock)
+    for _ in range(10):
+        handler.on_message("data", channel_codec.command("poke", {}))
+    assert len(commands) == 2 and handler.counters.rate_limited == 8
+    errors = [m["data"]["data"] for m in sent]
+    assert [(e["command"], e["errors"][0]["rule"]) for e in errors] == [("poke", "rate_limited")]
+    assert timers == []
+
+
+def test_held_setters_are_bounded_by_the_fields_not_the_flood():
+    clock = Clock()
+    handler, _, _, _, _ = held_handler(clock, burst=1)
+    for value in range(10_000):
+        handler.on_message("data", channel_codec.command("set_x", {"x": value}))
+    assert len(handler._held) == 1
+
+
+# --- frames refused whole are answered, not dropped without a word (issue 19) -------------
+
+
+def test_a_command_nested_10000_deep_gets_a_command_error_naming_it():
+    handler, sent, commands = make_handler()
+    deep = "[" * 10_000 + "]" * 10_000
+    raw = ('{"scope":"application","data":{"type":"set_x","data":{"x":%s}},"id":"d1"}' % deep)
+    handler.on_message("data", raw)
+    assert commands == []
+    [error] = [m["data"]["data"] for m in sent]
+    assert error["command"] == "set_x" and error["id"] == "d1"
+    assert error["errors"] == [{"field": None, "rule": f"max_depth={MAX_DEPTH}", "value": None}]
+    assert "nested 10003 deep" in error["message"]  # with the envelope's three levels
+    assert handler.counters.ignored == 1 and handler.counters.faults == 0
+
+
+@pytest.mark.parametrize("raw, rule, name", [
+    ('{"scope":"application","data":{"type":"set_x","data":{"x":"' + "a" * 70_000 + '"}}}',
+     channel_codec.RULE_MAX_BYTES, "set_x"),
+    ('{"scope":"application","data":{"type":"set_x","data":{"x":"\udcff"}}}',
+     channel_codec.RULE_UTF8, "set_x"),
+    ('{"scope":"application","data":{"type":"set_\\ud800"}}', "unicode",
+     "<string with a lone surrogate>"),
+    ("[" * 300, f"max_depth={MAX_DEPTH}", None),
+])
+def test_frames_refused_whole_get_a_command_error_naming_the_rule(raw, rule, name):
+    handler, sent, commands = make_handler()
+    handler.on_message("data", raw)
+    [error] = [m["data"]["data"] for m in sent]
+    assert error["command"] == name and error["errors"][0]["rule"] == rule
+    assert commands == [] and handler.counters.faults == 0
+
+
+def test_salvage_is_best_effort_and_never_raises():
+    assert channel_codec.salvage_command(b"\x00") == (None, None)
+    assert channel_codec.salvage_command('{"scope":"runtime","data":{"type":"ping"}}') == (None, None)
+    assert channel_codec.salvage_command('{"scope":"application","data":{"type":"a"},"id":"\\ud800"}') \
+        == ("a", None)
+    assert channel_codec.salvage_command('{"scope":"application","id":12,"data":{"type":"b\\"c"}}') \
+        == ('b"c', 12)

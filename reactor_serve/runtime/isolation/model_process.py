@@ -463,6 +463,10 @@ class ModelProcess:
             session = self._sessions.get(args[0])
             if session is not None:
                 session.deliver(args[1])
+        elif op == "coalesced":
+            session = self._sessions.get(args[0])
+            if session is not None:
+                session.count_coalesced(args[1])
         elif op in ("flush", "drop_stale", "restart"):
             # Before the buffer changes: an emit of the old epoch waiting for room
             # sees it and discards the rest, as in one process.

@@ -195,6 +195,9 @@ class _ForwardingSink:
     def message(self, envelope: dict[str, Any]) -> None:
         self._worker.channel.send("message", self._session_id, envelope)
 
+    def coalesced(self, count: int) -> None:
+        self._worker.channel.send("coalesced", self._session_id, count)
+
     def ended(self, reason: str, detail: str | None) -> None:
         worker = self._worker
         worker.sessions.pop(self._session_id, None)

@@ -92,7 +92,8 @@ class DriverHost(Protocol):
         emit's first frame answers `ticket`."""
 
     def command_done(self, count: int = 1) -> None:
-        """`count` delivered commands were applied or dropped."""
+        """`count` delivered events were applied or dropped (setters are not counted:
+        they coalesce instead of queueing, see `ModelHost.MAX_QUEUED_COMMANDS`)."""
 
 
 class KindDriver(Protocol):

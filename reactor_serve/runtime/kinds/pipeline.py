@@ -9,13 +9,13 @@ iteration: commands are queued and applied between yields. A yield of `None` or
 from __future__ import annotations
 
 import asyncio
-import collections
 import inspect
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from reactor_serve.interface.models import BufferClosed, _IdleType
+from reactor_serve.runtime.command_queue import CommandQueue
 from reactor_serve.runtime.input_latency import CommandTicket
 from reactor_serve.runtime.kinds.kind_driver import DriverHost, call_model
 from reactor_serve.runtime.loading.model_spec import CommandSpec
@@ -39,9 +39,12 @@ class PipelineDriver:
     def __init__(self, host: DriverHost) -> None:
         self._host = host
         self._task: asyncio.Task[None] | None = None
-        self._pending: collections.deque[
+        # A slow pipeline (a block every half second) under a slider (60 values a
+        # second) would queue values it never shows: a setter replaces the waiting
+        # value of its field, so the one applied at the next yield is the newest.
+        self._pending: CommandQueue[
             tuple[CommandSpec, dict[str, Any], CommandTicket | None]
-        ] = collections.deque()
+        ] = CommandQueue()
         # Made on the model loop (in `load`): set by commands and input to end an
         # idle wait early.
         self._wakeup: asyncio.Event | None = None
@@ -83,13 +86,15 @@ class PipelineDriver:
         self, session: Session, command: CommandSpec, args: dict[str, Any],
         ticket: CommandTicket | None = None,
     ) -> None:
-        self._pending.append((command, args, ticket))
+        setter = command.kind == "setter"
+        if self._pending.put((command, args, ticket), command.name if setter else None):
+            session.count_coalesced()
         assert self._wakeup is not None
         self._wakeup.set()
 
     def drop_pending(self) -> None:
-        self._host.command_done(len(self._pending))
-        self._pending.clear()
+        dropped = self._pending.clear()
+        self._host.command_done(sum(command.kind != "setter" for command, _, _ in dropped))
 
     def input_arrived(self) -> None:
         thread = self._host.thread
@@ -103,7 +108,8 @@ class PipelineDriver:
             try:
                 await self._host.apply(command, args, ticket)
             finally:
-                self._host.command_done()
+                if command.kind != "setter":
+                    self._host.command_done()
 
     # ---- the generator -----------------------------------------------------------
 

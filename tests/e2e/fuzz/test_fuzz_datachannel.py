@@ -24,8 +24,15 @@ from aiortc.rtcsctptransport import WEBRTC_STRING
 from reactor_serve.client.peer import ClientPeer
 from reactor_serve.protocol import model_documents
 from reactor_serve.protocol.channel_codec import MAX_DEPTH, MAX_PARSE_DEPTH
-from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.scaffold import init_model
+from reactor_serve.protocol import model_documents
+from reactor_serve.protocol.channel_codec import (
+    MAX_DEPTH,
+    MAX_PARSE_DEPTH,
+    RULE_MAX_BYTES,
+    RULE_UTF8,
+)
+from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.sessions.inbound_channel import COMMAND_BURST
 from reactor_serve.sessions.peer_session import PeerSession
 
@@ -42,7 +49,9 @@ class Case:
     "data-raw-text" (`payload` bytes sent as a *text* frame, so possibly not UTF-8).
     `expect`: "dropped" (not a valid envelope: ignored and counted), "error" (a
     commandError for `command` with an error of `rule` and `value`, sent by the data
-    channel), "host_error" (a well-formed command the model host rejects: a commandError
+    channel), "refused" (a frame refused whole: ignored and counted like "dropped", and
+    answered with a commandError of `rule`, naming `command` where the text shows one,
+    else None), "host_error" (a well-formed command the model host rejects: a commandError
     for `command` with `rule`), "reply" (a control request answered with an error
     `code`=`rule`), or "quiet" (valid, needs no answer).
     """
@@ -68,6 +77,19 @@ def _cmd(args_json: str, expect_rule: str, value: Any = ANY, *, case_id: str) ->
 
 def _drop(case_id: str, payload: str | bytes, how: str = "data") -> Case:
     return Case(case_id, how, payload, "dropped")
+
+
+def _refused(case_id: str, payload: str | bytes, rule: str, command: str | None = None,
+             how: str = "data") -> Case:
+    return Case(case_id, how, payload, "refused", command, rule)
+
+
+def _deep_command(depth: int) -> Case:
+    # Issue 19: a command nested 10,000 deep in its args was dropped without a word.
+    name = f"fuzz_{next(_names)}"
+    raw = ('{"scope":"application","data":{"type":"%s","data":{"brightness":%s%s}},'
+           '"id":"deep-%d"}') % (name, "[" * depth, "]" * depth, depth)
+    return Case(f"command nested {depth} deep", "data", raw, "refused", name, DEPTH_RULE)
 
 
 def _envelope(scope: Any, inner: Any) -> str:
@@ -97,10 +119,13 @@ def _not_envelopes() -> list[Case]:
         _drop("single quotes", "{'scope':'runtime'}"),
         _drop("comment", '{"scope":"runtime"/* hi */}'),
         _drop("not json", "this is not json"),
-        _drop("deep arrays 10k", deep_arrays),
-        _drop("deep objects 10k", deep_objects),
-        _drop("deep unclosed 60k", "[" * 60_000),
-        _drop("deep just past parse", "[" * (MAX_PARSE_DEPTH + 1) + "]" * (MAX_PARSE_DEPTH + 1)),
+        _refused("deep arrays 10k", deep_arrays, DEPTH_RULE),
+        _refused("deep objects 10k", deep_objects, DEPTH_RULE),
+        _refused("deep unclosed 60k", "[" * 60_000, DEPTH_RULE),
+        _refused("deep just past parse", "[" * (MAX_PARSE_DEPTH + 1) + "]" * (MAX_PARSE_DEPTH + 1),
+                 DEPTH_RULE),
+        _deep_command(10_000),
+        _deep_command(MAX_PARSE_DEPTH + 1),
         _drop("huge int", "9" * 5000),
         _drop("huge negative int", "-" + "9" * 5000),
         _drop("int past 4300 digits", "1" * 4301),
@@ -123,18 +148,20 @@ def _transport_junk() -> list[Case]:
         _drop("binary empty", b""),
         _drop("binary json", ping),
         _drop("binary 100k", b"\xff" * 100_000),
-        _drop("oversized 70k", '{"scope":"application","data":{"type":"x","data":{"pad":"'
-              + "a" * 70_000 + '"}}}'),
-        _drop("oversized 200k", "[" * 200_000),
-        _drop("oversized multibyte", '{"p":"' + "猫" * 30_000 + '"}'),
-        _drop("utf8 invalid byte", b"\xff\xfe", "data-raw-text"),
-        _drop("utf8 after envelope", ping + b"\xff", "data-raw-text"),
-        _drop("utf8 encoded surrogate", b'{"scope":"runtime","data":{"type":"\xed\xa0\x80"}}',
-              "data-raw-text"),
-        _drop("utf8 truncated in command",
-              b'{"scope":"application","data":{"type":"go","data":{"v":"\xc3"}}}',
-              "data-raw-text"),
-        _drop("utf8 overlong", b'{"scope":"runtime","data":{"type":"\xc0\xaf"}}', "data-raw-text"),
+        _refused("oversized 70k", '{"scope":"application","data":{"type":"fuzz_big","data":'
+                 '{"pad":"' + "a" * 70_000 + '"}},"id":7}', RULE_MAX_BYTES, "fuzz_big"),
+        _refused("oversized 200k", "[" * 200_000, RULE_MAX_BYTES),
+        _refused("oversized multibyte", '{"p":"' + "猫" * 30_000 + '"}', RULE_MAX_BYTES),
+        _refused("utf8 invalid byte", b"\xff\xfe", RULE_UTF8, how="data-raw-text"),
+        _refused("utf8 after envelope", ping + b"\xff", RULE_UTF8, how="data-raw-text"),
+        _refused("utf8 encoded surrogate",
+                 b'{"scope":"runtime","data":{"type":"\xed\xa0\x80"}}', RULE_UTF8,
+                 how="data-raw-text"),
+        _refused("utf8 truncated in command",
+                 b'{"scope":"application","data":{"type":"fuzz_go","data":{"v":"\xc3"}}}',
+                 RULE_UTF8, "fuzz_go", how="data-raw-text"),
+        _refused("utf8 overlong", b'{"scope":"runtime","data":{"type":"\xc0\xaf"}}', RULE_UTF8,
+                 how="data-raw-text"),
     ]
 
 
@@ -161,7 +188,8 @@ def _bad_envelopes() -> list[Case]:
         _drop("type array", _envelope("application", {"type": ["set_brightness"]})),
         _drop("type object", _envelope("application", {"type": {"a": 1}})),
         _drop("type empty", _envelope("application", {"type": ""})),
-        _drop("type lone surrogate", '{"scope":"application","data":{"type":"set_\\ud800"}}'),
+        _refused("type lone surrogate", '{"scope":"application","data":{"type":"set_\\ud800"}}',
+                 "unicode", SURROGATE),
         _drop("type NaN", '{"scope":"application","data":{"type":NaN}}'),
         _drop("type huge int", '{"scope":"application","data":{"type":' + "7" * 5000 + "}}"),
         _drop("runtime data array", _envelope("runtime", {"type": "ping", "data": [1]})),
@@ -420,7 +448,7 @@ async def test_the_corpus_is_what_it_says():
     assert len(CORPUS) == sum(len(b) for b in BATCHES.values())
     assert len({c.id for c in CORPUS}) == len(CORPUS), "case ids are unique"
     expects = {c.expect for c in CORPUS}
-    assert expects == {"dropped", "error", "host_error", "reply", "quiet"}
+    assert expects == {"dropped", "refused", "error", "host_error", "reply", "quiet"}
     assert CASES >= 150
 
 
@@ -436,8 +464,9 @@ async def test_a_batch_of_hostile_frames_leaves_the_session_streaming(live, batc
     errors = await _sync(live, mark)
 
     # Every unreadable frame was dropped and counted; nothing broke a handler.
-    dropped = sum(c.expect == "dropped" for c in cases)
-    rejected = sum(c.expect == "error" for c in cases)
+    dropped = sum(c.expect in ("dropped", "refused") for c in cases)
+    refused = [c for c in cases if c.expect == "refused"]
+    rejected = sum(c.expect == "error" for c in cases) + len(refused)
     assert handler.counters.faults == before[2] == 0
     assert handler.counters.ignored - before[0] == dropped
     assert live.peer.ignored_frames - ignored_before == dropped
@@ -454,9 +483,14 @@ async def test_a_batch_of_hostile_frames_leaves_the_session_streaming(live, batc
             assert mine[0]["message"], case.id
         elif case.expect == "host_error":
             assert any(_has_error(e["errors"], case.rule, ANY) for e in mine), (case.id, mine)
-    host_names = {c.command for c in cases if c.expect == "host_error"}
+        elif case.expect == "refused" and case.command is not None:
+            assert len(mine) == 1 and _has_error(mine[0]["errors"], case.rule, None), case.id
+    # Refused frames that name no command: one error each, naming the rule broken.
+    unnamed = [c.rule for c in refused if c.command is None]
+    assert sorted(e["errors"][0]["rule"] for e in errors if e["command"] is None) == sorted(unnamed)
+    host_names = {c.command for c in cases if c.expect in ("host_error", "refused")}
     expected = rejected + sum(c.expect == "host_error" for c in cases) + 1  # + the sentinel
-    assert len(errors) == expected, [e["command"][:30] for e in errors]
+    assert len(errors) == expected, [str(e["command"])[:30] for e in errors]
     assert all(e["command"] in host_names or e["command"].startswith("fuzz_") for e in errors)
 
     # Control requests were answered (with an error where the track is unknown).
@@ -486,19 +520,19 @@ async def test_all_batches_back_to_back_on_one_session(live):
         _send(live, case)
     errors = await _sync(live, mark)
     assert handler.counters.faults == 0
-    assert handler.counters.ignored == sum(c.expect == "dropped" for c in CORPUS)
+    assert handler.counters.ignored == sum(c.expect in ("dropped", "refused") for c in CORPUS)
     named = {e["command"] for e in errors}
-    assert all(c.command in named for c in CORPUS if c.expect in ("error", "host_error"))
+    assert all(c.command in named for c in CORPUS if c.expect in ("error", "host_error", "refused"))
     await _still_alive(live)
 
 
 async def test_a_command_flood_is_limited_with_one_error_and_the_session_goes_on(live):
+    # Commands that are not setters (here: unknown ones) keep the rate limit's rule:
+    # past the burst they are dropped, with one error for the flood.
     handler = live.peer.inbound
     mark = len(live.client.messages)
     for i in range(FLOOD):
-        live.client.send_command("set_brightness", {"brightness": (i % 200) / 100})
-    # The flood's frames are all in once the sentinel's answer is; the sentinel itself
-    # may be rate-limited, so wait on the counters, then for the one error.
+        live.client.send_command("fuzz_flood", {"n": i})
     await live.client.wait_for(
         lambda: handler.counters.commands + handler.counters.rate_limited >= FLOOD,
         30, "the flood to arrive",
@@ -512,7 +546,7 @@ async def test_a_command_flood_is_limited_with_one_error_and_the_session_goes_on
     )
     # One for the whole flood, not one per dropped command.
     assert len(limited) == 1
-    assert limited[0]["command"] == "set_brightness"
+    assert limited[0]["command"] == "fuzz_flood"
     assert limited[0]["errors"] == [{"field": None, "rule": "rate_limited", "value": None}]
     assert handler.counters.faults == 0
 
@@ -536,3 +570,27 @@ async def test_a_command_flood_is_limited_with_one_error_and_the_session_goes_on
     assert len([e for e in _command_errors(live, mark)
                 if any(x["rule"] == "rate_limited" for x in e["errors"])]) == 1
     assert COMMAND_BURST < FLOOD
+
+
+async def test_a_setter_flood_ends_on_the_last_value_without_an_error(live):
+    # Issue 19: 1000 set_brightness in one burst, the last 0.25. Setters past the rate
+    # limit are held, newest value per field, and handed on as tokens come back.
+    handler = live.peer.inbound
+    mark = len(live.client.messages)
+    for i in range(999):
+        live.client.send_command("set_brightness", {"brightness": 0.4 + (i % 150) / 100})
+    live.client.send_command("set_brightness", {"brightness": 0.25})
+    await live.client.wait_for(
+        lambda: handler.counters.commands + handler.counters.held >= 1000,
+        30, "the flood to arrive",
+    )
+    assert handler.counters.held > 0  # the burst was exceeded
+    await live.client.wait_for(
+        lambda: live.host.model.state.brightness == 0.25, 15, "the last value"
+    )
+    live.brightness = 0.25
+    assert handler.counters.rate_limited == 0
+    assert not [e for e in _command_errors(live, mark) if e["command"] == "set_brightness"]
+    stats = live.peer.stats()
+    assert stats["commands_coalesced"] >= handler.counters.coalesced > 0
+    await _still_alive(live)
