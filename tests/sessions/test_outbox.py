@@ -29,11 +29,11 @@ def test_messages_wait_for_the_channel_and_go_out_in_order():
 
 
 def test_past_the_limit_the_oldest_are_dropped():
-    outbox = Outbox(lambda: None, limit=3)
+    holder = {"channel": None}
+    outbox = Outbox(lambda: holder["channel"], limit=3)
     for text in "abcde":
         outbox.send(text)
-    channel = FakeChannel("open")
-    outbox._channel = lambda: channel
+    channel = holder["channel"] = FakeChannel("open")
     outbox.flush()
     assert channel.sent == ["c", "d", "e"]
 
