@@ -24,6 +24,11 @@ from reactor_serve.protocol.ice_candidates import (
     CandidateError,
     check_candidates,
 )
+from reactor_serve.protocol.track_mapping import (
+    MAX_TRACK_MAPPING,
+    TrackMappingError,
+    parse_track_mapping,
+)
 
 __all__ = [
     "MAX_CANDIDATES",
@@ -32,7 +37,6 @@ __all__ = [
     "MAX_EXTRA_ARGS_DEPTH",
     "MAX_MLINE_INDEX",
     "MAX_SDP_OFFER_BYTES",
-    "MAX_SHORT_STRING",
     "MAX_TRACK_MAPPING",
     "CandidatesBody",
     "InvalidBody",
@@ -47,11 +51,10 @@ __all__ = [
 
 MAX_SDP_OFFER_BYTES = 64 * 1024
 # MAX_CANDIDATES, MAX_CANDIDATE_BYTES and MAX_MLINE_INDEX are ice_candidates' (the
-# peer checks candidates by the same rules), re-exported here with the other bounds.
-MAX_SHORT_STRING = 256
+# peer checks candidates by the same rules), and MAX_TRACK_MAPPING is track_mapping's,
+# re-exported here with the other bounds.
 MAX_EXTRA_ARGS_BYTES = 16 * 1024
 MAX_EXTRA_ARGS_DEPTH = 16
-MAX_TRACK_MAPPING = 32
 
 class InvalidBody(ValueError):
     """A request body that does not fit its route; the message names the field."""
@@ -157,37 +160,7 @@ def candidates_body(data: dict[str, Any] | None) -> CandidatesBody:
 
 
 def _track_mapping(raw: Any) -> list[dict[str, str]]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise InvalidBody(f"track_mapping: must be an array, got {describe(raw)}")
-    if len(raw) > MAX_TRACK_MAPPING:
-        raise InvalidBody(
-            f"track_mapping: {len(raw)} entries, the limit is {MAX_TRACK_MAPPING}"
-        )
-    mapping = []
-    for i, entry in enumerate(raw):
-        where = f"track_mapping[{i}]"
-        if not isinstance(entry, dict):
-            raise InvalidBody(f"{where}: must be an object, got {describe(entry)}")
-        checked: dict[str, str] = {}
-        for key in ("mid", "name", "kind", "direction"):
-            value = entry.get(key)
-            # Some clients send the mid as a number.
-            if key == "mid" and isinstance(value, int) and not isinstance(value, bool):
-                value = str(value) if 0 <= value <= MAX_MLINE_INDEX else value
-            checked[key] = _short_string(value, f"{where}.{key}", required=True)
-        mapping.append(checked)
-    return mapping
-
-
-def _short_string(value: Any, where: str, *, required: bool) -> Any:
-    if value is None:
-        if required:
-            raise InvalidBody(f"{where}: required")
-        return None
-    if not isinstance(value, str):
-        raise InvalidBody(f"{where}: must be a string, got {describe(value)}")
-    if len(value) > MAX_SHORT_STRING:
-        raise InvalidBody(f"{where}: longer than {MAX_SHORT_STRING} characters")
-    return value
+    try:
+        return [entry.as_dict() for entry in parse_track_mapping(raw)]
+    except TrackMappingError as exc:
+        raise InvalidBody(str(exc)) from None

@@ -1,81 +1,53 @@
 """`PeerSession`: one client's WebRTC connection bound to one model session.
 
-The client offers; we answer with every candidate inline. `track_mapping` ties each
-m-line's mid to a model track: a `recvonly` m-line (the client receives) is answered
-`sendonly` with the model's output track of that name, a `sendonly` one `recvonly`
-into the model's input buffer; m-lines outside the mapping are answered inactive.
-The client opens the data channel; we never open one.
+The client offers; we answer with every candidate inline (offer_answering.py, shared
+with viewers). `track_mapping` ties each m-line's mid to a model track: a `recvonly`
+m-line (the client receives) is answered `sendonly` with the model's output track of
+that name, a `sendonly` one `recvonly` into the model's input buffer; m-lines outside
+the mapping are answered inactive. The client opens the data channel; we never open one.
 
 Life of a session (`SessionState`): created -> waiting (first offer being answered,
 model session opening) -> streaming -> orphaned -> ended. Losing the transport
 without `stop_session` (the peer connection closed or failed, or no inbound frame for
 `idle_timeout_s`) is a network blip until proven otherwise: the session is orphaned
-for `reconnect_grace_s`. The model keeps its instance and state and is not told
-`@disconnected`; output is paused (nothing presented, so the bounded output buffer
-makes the model's `emit` wait); input stops. A new offer within the window resumes it
-on a new peer connection with fresh frames; otherwise it ends with reason `timeout`.
-`close()` ends it at once. Every end sends `sessionEnded{reason, message}` on the
-data channel first when one is open, and is recorded in `end_reason`/`end_detail`.
+for `reconnect_grace_s` (orphan_timer.py). The model keeps its instance and state and
+is not told `@disconnected`; output is paused (nothing presented, so the bounded
+output buffer makes the model's `emit` wait); input stops. A new offer within the
+window resumes it on a new peer connection with fresh frames; otherwise it ends with
+reason `timeout`. `close()` ends it at once. Every end sends `sessionEnded{reason,
+message}` on the data channel first when one is open, and is recorded in
+`end_reason`/`end_detail`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import itertools
 import logging
 import secrets
-import time
-from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from aiortc import (
-    RTCDataChannel,
-    RTCIceCandidate,
-    RTCPeerConnection,
-    RTCSessionDescription,
-)
-from aiortc.sdp import SessionDescription
+from aiortc import RTCDataChannel, RTCPeerConnection
 
-from reactor_serve.protocol import channel_codec, ice_candidates
-from reactor_serve.protocol.errors import BackendError, OfferRejected, UnknownSession
-from reactor_serve.rtc import remote_candidates
-from reactor_serve.rtc.codecs import apply_bitrate_range, prefer_codec
-from reactor_serve.rtc.host_candidates import HostCandidatePolicy
-from reactor_serve.rtc.ice_servers import rtc_configuration, session_ice_servers
-from reactor_serve.rtc.sctp_guard import guard_sctp_text_frames
-from reactor_serve.rtc.sdp_offer import parse_offer
+from reactor_serve.protocol import channel_codec
+from reactor_serve.protocol.errors import OfferRejected, UnknownSession
+from reactor_serve.rtc.codecs import apply_bitrate_range
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.session import EndReason, Session, SessionHost
+from reactor_serve.sessions import farewell
+from reactor_serve.sessions.candidates import TrickledCandidates, parse_candidates
 from reactor_serve.sessions.contract import SessionState
 from reactor_serve.sessions.inbound_channel import InboundHandler
 from reactor_serve.sessions.media_tracks import OutputFanout, receive_input
+from reactor_serve.sessions.offer_answering import Answer, OfferAnswerer, check_offer
+from reactor_serve.sessions.orphan_timer import OrphanTimer
+from reactor_serve.sessions.outbox import Outbox
 from reactor_serve.sessions.recording.recorder import SessionRecordings
 from reactor_serve.sessions.viewers.room import ViewerRoom
 
-__all__ = ["PeerSession", "TrackMapping", "parse_candidates"]
+__all__ = ["PeerSession"]
 
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True)
-class TrackMapping:
-    mid: str
-    name: str
-    kind: str
-    direction: str  # the client's view: recvonly = model output, sendonly = model input
-
-
-@dataclass
-class _Connection:
-    """One offer's peer connection and the candidates trickled for it."""
-
-    id: int
-    pc: RTCPeerConnection | None = None
-    # Set once the offer is applied: from then on candidates go straight to `pc`
-    # (also while the answer is still gathering).
-    remote_set: bool = False
-    pending: list[RTCIceCandidate | None] = field(default_factory=list)
 
 
 class PeerSession:
@@ -114,14 +86,13 @@ class PeerSession:
         self.end_detail: str | None = None
         self.session: Session | None = None
         self.connections = 0
-        self.orphaned_at: float | None = None
         self._state = SessionState.CREATED
         self._pc: RTCPeerConnection | None = None
         self._pc_tracks: list[Any] = []
         self._pc_tasks: list[asyncio.Task[None]] = []
         self._fanout: OutputFanout | None = None
         self._channels: dict[str, RTCDataChannel] = {}
-        self._outbox: collections.deque[str] = collections.deque(maxlen=self.OUTBOX_LIMIT)
+        self._outbox = Outbox(lambda: self._channels.get("data"), self.OUTBOX_LIMIT)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
         # Every task we start, referenced until done (the loop keeps weak references).
@@ -130,25 +101,21 @@ class PeerSession:
         self._closing: asyncio.Task[None] | None = None
         # Why the session is ending, from the moment `close()` is called.
         self._closing_for: tuple[str | None, str | None] = (None, None)
-        self._watchdog_task: asyncio.Task[None] | None = None
         self._stats_task: asyncio.Task[None] | None = None
-        self._grace_task: asyncio.Task[None] | None = None
-        self._last_inbound = time.monotonic()
+        self._timer = OrphanTimer(
+            idle_timeout_s=settings.idle_timeout_s,
+            reconnect_grace_s=settings.reconnect_grace_s,
+            on_silent=self._on_silent,
+            on_expired=self._on_grace_expired,
+        )
         self._finishing = False
         # Set (from the model thread) once the model's own sessionEnded is on its way.
         self._farewell_queued = False
-        # Until when a transport loss ends the session instead of orphaning it
-        # (`request_stop_on_close`).
-        self._stop_on_close_until: float | None = None
-        self._connections_by_id: collections.OrderedDict[int, _Connection] = (
-            collections.OrderedDict()
+        self._candidates = TrickledCandidates(self.MAX_PENDING_CANDIDATES, self.KEEP_CONNECTIONS)
+        self._answerer = OfferAnswerer(
+            settings, close_timeout_s=self.PC_CLOSE_TIMEOUT_S, receives_inputs=True,
+            what="the offer", label=f"session {self.id}",
         )
-        self._latest: int | None = None
-        # Candidates trickled for "the latest connection" before any offer.
-        self._early_candidates: list[RTCIceCandidate | None] = []
-        # Connection ids minted here when the caller names none (negative: never one
-        # a backend mints).
-        self._local_ids = itertools.count(-1, -1)
         self.ignored_frames = 0
         self._inbound: InboundHandler | None = None
         # Watch-only viewers of this session (sessions/viewers/room.py), once it is open.
@@ -160,8 +127,6 @@ class PeerSession:
         self.extra_args: dict[str, Any] = {}
         self.recording_override: dict[str, Any] | None = None
         apply_bitrate_range(settings)
-        # Loopback only, a port range, an announced address: per peer connection.
-        self._host_candidates = HostCandidatePolicy.from_settings(settings)
 
     # ---- state ------------------------------------------------------------------
 
@@ -173,14 +138,13 @@ class PeerSession:
     @property
     def connection_id(self) -> int | None:
         """The id of the latest offer's connection."""
-        return self._latest
+        return self._candidates.latest
 
     def grace_remaining(self) -> float | None:
         """Seconds left for a reconnect while orphaned; None otherwise."""
-        if self._state != SessionState.ORPHANED or self.orphaned_at is None:
+        if self._state != SessionState.ORPHANED:
             return None
-        left = self.orphaned_at + self.settings.reconnect_grace_s - time.monotonic()
-        return max(0.0, left)
+        return self._timer.grace_remaining()
 
     def ended_message(self) -> str:
         """What a client asking about this ended session is told."""
@@ -216,7 +180,7 @@ class PeerSession:
 
     def validate_offer(self, sdp_offer: Any, track_mapping: Any) -> None:
         """Raise OfferRejected if the offer or its track mapping is malformed."""
-        _check_kinds(parse_offer(sdp_offer), self._parse_mapping(track_mapping))
+        check_offer(sdp_offer, track_mapping, self.host.spec)
 
     async def answer(
         self,
@@ -232,17 +196,10 @@ class PeerSession:
         session has ended), or the host's SessionBusy.
         """
         self._loop = asyncio.get_running_loop()
-        parsed = parse_offer(sdp_offer)
-        mapping = self._parse_mapping(track_mapping)
         # Every check that needs no model session comes before opening one.
-        _check_kinds(parsed, mapping)
+        offer = check_offer(sdp_offer, track_mapping, self.host.spec)
         self._raise_if_ended()
-        cid = connection_id if connection_id is not None else next(self._local_ids)
-        conn = self._connection(cid)
-        self._latest = cid
-        if self._early_candidates:
-            conn.pending[:0] = self._early_candidates
-            self._early_candidates = []
+        conn = self._candidates.offer(connection_id)
         async with self._lock:
             self._raise_if_ended()
             first = self.session is None
@@ -260,70 +217,37 @@ class PeerSession:
                         self._set_state(SessionState.CREATED)
                     raise
                 self._raise_if_ended()
-            assert self._fanout is not None and self.session is not None
-            # TURN credentials minted from a secret are fresh for each connection.
-            pc = RTCPeerConnection(rtc_configuration(
-                session_ice_servers(self.settings.ice_servers, self.id),
-                self.settings.ice_transport_policy,
-            ))
+            fanout = self._fanout
+            assert fanout is not None and self.session is not None
+            pc = self._answerer.connection(self.id)
             conn.pc, conn.remote_set = pc, False
             tracks: list[Any] = []
-            inputs: list[tuple[Any, str]] = []
+
+            def outgoing(kind: str, name: str) -> Any:
+                track = fanout.track(name)
+                tracks.append(track)
+                return track
+
             try:
-                for media in parsed.media:
-                    if media.kind not in ("audio", "video"):
-                        continue
-                    entry = mapping.get(media.rtp.muxId)
-                    if entry is None:
-                        pc.addTransceiver(media.kind, direction="inactive")
-                        continue
-                    if entry.direction == "recvonly":
-                        track = self._fanout.track(entry.name)
-                        tracks.append(track)
-                        transceiver = pc.addTransceiver(track, direction="sendonly")
-                        if media.kind == "video":
-                            prefer_codec(transceiver, self.settings.codec)
-                    else:
-                        transceiver = pc.addTransceiver(media.kind, direction="recvonly")
-                        inputs.append((transceiver, entry.name))
-                self._wire(pc)
-                await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp_offer, type="offer"))
-                guard_sctp_text_frames(pc.sctp)
-                conn.remote_set = True
-                pending, conn.pending = conn.pending, []
-                for candidate in pending:
-                    await _add_candidate(pc, candidate)
-                # Candidates trickled from here on go straight to `pc` (see
-                # add_ice_candidates), also while the answer gathers ours.
-                if self._host_candidates is not None:
-                    # Now that the offer's bundling left one transport per group,
-                    # and before setLocalDescription gathers.
-                    self._host_candidates.apply(pc)
-                await pc.setLocalDescription(await pc.createAnswer())
+                # Candidates trickled once the offer is applied go straight to `pc`
+                # (see add_ice_candidates), also while the answer gathers ours.
+                answer = await self._answerer.answer(
+                    pc, offer, outgoing=outgoing, wire=self._wire,
+                    on_remote_set=lambda pc: self._candidates.remote_set(conn, pc),
+                )
                 self._raise_if_ended()
             except BaseException as exc:
                 conn.pc, conn.remote_set = None, False
                 await self._discard_shielded(pc, tracks)
                 if isinstance(exc, asyncio.CancelledError) and first:
                     self._spawn(self.close(EndReason.CLIENT_CLOSED, "the offer was abandoned"))
-                if isinstance(exc, (BackendError, asyncio.CancelledError)) or not isinstance(
-                    exc, Exception
-                ):
-                    raise
-                self._raise_if_ended()  # closed under us: say so, not "bad offer"
-                raise OfferRejected(f"could not negotiate the offer: {exc}") from exc
-            self._install(pc, tracks, inputs)
-            return pc.localDescription.sdp
+                if isinstance(exc, OfferRejected):
+                    self._raise_if_ended()  # closed under us: say so, not "bad offer"
+                raise
+            self._install(pc, tracks, answer)
+            return answer.sdp
 
-    def _connection(self, cid: int) -> _Connection:
-        conn = self._connections_by_id.get(cid)
-        if conn is None:
-            conn = self._connections_by_id[cid] = _Connection(cid)
-            while len(self._connections_by_id) > self.KEEP_CONNECTIONS:
-                self._connections_by_id.popitem(last=False)
-        return conn
-
-    def _install(self, pc: RTCPeerConnection, tracks: list[Any], inputs: list[tuple[Any, str]]) -> None:
+    def _install(self, pc: RTCPeerConnection, tracks: list[Any], answer: Answer) -> None:
         """Make a freshly answered connection the session's transport."""
         assert self.session is not None and self._fanout is not None
         previous = (self._pc, self._pc_tracks, self._pc_tasks)
@@ -331,19 +255,15 @@ class PeerSession:
         # The old connection's channels go with it; until the client's new "data"
         # channel opens, messages wait in the outbox.
         self._channels = {}
-        for transceiver, name in inputs:
+        for transceiver, name in answer.received:
             self._pc_tasks.append(
                 self._spawn(receive_input(transceiver.receiver.track, name, self.session))
             )
-        self._last_inbound = time.monotonic()
         self.connections += 1
-        if self._grace_task is not None:
-            self._grace_task.cancel()
-            self._grace_task = None
+        self._timer.resume()
         if self._fanout.paused:
             # Resuming an orphaned session: fresh frames, not what queued meanwhile.
             self._fanout.resume()
-        self.orphaned_at = None
         self._set_state(SessionState.STREAMING)
         if previous[0] is not None:
             self._spawn(self._discard(*previous))
@@ -364,59 +284,7 @@ class PeerSession:
         """
         parsed = parse_candidates(candidates, is_final)
         self._raise_if_ended()
-        cid = connection_id if connection_id is not None else self._latest
-        if cid is None:
-            _extend_bounded(self._early_candidates, parsed, self.MAX_PENDING_CANDIDATES)
-            return
-        conn = self._connection(cid)
-        if conn.pc is None or not conn.remote_set:
-            _extend_bounded(conn.pending, parsed, self.MAX_PENDING_CANDIDATES)
-            return
-        for candidate in parsed:
-            await _add_candidate(conn.pc, candidate)
-
-    def _parse_mapping(self, track_mapping: list[dict[str, Any]]) -> dict[str, TrackMapping]:
-        if not isinstance(track_mapping, list):
-            raise OfferRejected("track_mapping must be a list of {mid, name, kind, direction}")
-        spec = self.host.spec
-        outputs = {t.name: t for t in spec.outputs}
-        inputs = {t.name: t for t in spec.inputs}
-        mapping: dict[str, TrackMapping] = {}
-        for i, raw in enumerate(track_mapping):
-            try:
-                entry = TrackMapping(
-                    mid=str(raw["mid"]),
-                    name=str(raw["name"]),
-                    kind=str(raw["kind"]),
-                    direction=str(raw["direction"]),
-                )
-            except (KeyError, TypeError, IndexError):
-                raise OfferRejected(
-                    f"track_mapping[{i}] must have mid, name, kind and direction"
-                ) from None
-            if entry.direction == "recvonly":
-                decl = outputs.get(entry.name)
-                side = "output"
-            elif entry.direction == "sendonly":
-                decl = inputs.get(entry.name)
-                side = "input"
-            else:
-                raise OfferRejected(
-                    f"track_mapping[{i}].direction must be recvonly or sendonly, "
-                    f"got {entry.direction!r}"
-                )
-            if decl is None:
-                known = ", ".join(outputs if side == "output" else inputs) or "none"
-                raise OfferRejected(
-                    f"track_mapping[{i}]: the model has no {side} track {entry.name!r} "
-                    f"({side} tracks: {known})"
-                )
-            if decl.kind != entry.kind:
-                raise OfferRejected(
-                    f"track_mapping[{i}]: track {entry.name!r} is {decl.kind}, not {entry.kind}"
-                )
-            mapping[entry.mid] = entry
-        return mapping
+        await self._candidates.add(parsed, connection_id)
 
     async def _open_model_session(self) -> None:
         if self._opening is None:
@@ -452,7 +320,7 @@ class PeerSession:
             override=self.recording_override,
         )
         self.recordings.attach(self._fanout, self.extra_args.get("record"))
-        self._watchdog_task = self._spawn(self._watchdog())
+        self._timer.start_watchdog()
         self._stats_task = self._spawn(self._report_stats())
 
     def _wire(self, pc: RTCPeerConnection) -> None:
@@ -464,16 +332,13 @@ class PeerSession:
 
             @channel.on("message")
             def on_message(raw: str | bytes) -> None:
-                # Any inbound frame, even one nobody can read, shows the client is
-                # alive (the watchdog's clock), whatever the parsing makes of it.
-                self._last_inbound = time.monotonic()
                 self._on_channel_message(channel.label, raw)
 
             @channel.on("open")
             def on_open() -> None:
-                self._flush_outbox()
+                self._outbox.flush()
 
-            self._flush_outbox()
+            self._outbox.flush()
 
         @pc.on("connectionstatechange")
         def on_state() -> None:
@@ -489,14 +354,7 @@ class PeerSession:
             for track in tracks:
                 self._fanout.release(track)
         if pc is not None:
-            closing = self._spawn(pc.close())
-            done, _ = await asyncio.wait({closing}, timeout=self.PC_CLOSE_TIMEOUT_S)
-            if not done:
-                log.warning("session %s: a peer connection did not close within %.0f s",
-                            self.id, self.PC_CLOSE_TIMEOUT_S)
-            elif not closing.cancelled() and closing.exception() is not None:
-                log.warning("session %s: closing a peer connection failed: %r",
-                            self.id, closing.exception())
+            await self._answerer.close(pc)
 
     async def _discard_shielded(self, pc: RTCPeerConnection, tracks: list[Any]) -> None:
         # Runs even when the caller is being cancelled: no RTCPeerConnection leaks.
@@ -507,14 +365,19 @@ class PeerSession:
 
     # ---- losing the transport: orphaned -----------------------------------------
 
+    async def _on_silent(self) -> None:
+        if self._state == SessionState.STREAMING:
+            log.info("session %s: no inbound frame for %.0f s",
+                     self.id, self.settings.idle_timeout_s)
+            await self._lose_transport(self._pc, "idle")
+
     async def _lose_transport(self, pc: RTCPeerConnection | None, why: str) -> None:
         """The client's transport is gone (`why`: closed, failed or idle)."""
         if pc is not self._pc or self._state != SessionState.STREAMING:
             return
         if self._closing is not None or self._finishing:
             return
-        until = self._stop_on_close_until
-        if until is not None and time.monotonic() <= until:
+        if self._timer.stopping_on_close():
             # The client asked to stop (a stop_session naming no session) and then
             # closed its connection: that close is the stop.
             await self.close(EndReason.CLIENT_CLOSED, "the client stopped the session")
@@ -537,18 +400,15 @@ class PeerSession:
         pc, tracks, tasks = self._pc, self._pc_tracks, self._pc_tasks
         self._pc, self._pc_tracks, self._pc_tasks = None, [], []
         self._channels = {}
-        self.orphaned_at = time.monotonic()
         if self._fanout is not None:
             self._fanout.pause()
         log.info("session %s: transport %s; orphaned for up to %g s",
                  self.id, why, self.settings.reconnect_grace_s)
+        self._timer.orphan()
         self._set_state(SessionState.ORPHANED)
         self._spawn(self._discard(pc, tracks, tasks))
-        self._grace_task = self._spawn(self._grace(self.orphaned_at))
 
-    async def _grace(self, orphaned_at: float) -> None:
-        grace = self.settings.reconnect_grace_s
-        await asyncio.sleep(max(0.0, orphaned_at + grace - time.monotonic()))
+    async def _on_grace_expired(self, orphaned_at: float) -> None:
         if self._lock.locked():
             # A reconnect is being answered: the client came back in time.
             try:
@@ -556,9 +416,10 @@ class PeerSession:
                 self._lock.release()
             except asyncio.TimeoutError:
                 pass
-        if self._state == SessionState.ORPHANED and self.orphaned_at == orphaned_at:
+        if self._state == SessionState.ORPHANED and self._timer.orphaned_at == orphaned_at:
             await self.close(
-                EndReason.TIMEOUT, f"the client did not reconnect within {grace:g} s"
+                EndReason.TIMEOUT,
+                f"the client did not reconnect within {self.settings.reconnect_grace_s:g} s",
             )
 
     async def request_stop_on_close(self, window_s: float = 5.0) -> bool:
@@ -570,20 +431,19 @@ class PeerSession:
         ended session, or one orphaned longer ago)."""
         if self.ended.is_set() or self._closing is not None or self._finishing:
             return False
-        now = time.monotonic()
         if self._state == SessionState.ORPHANED:
-            if self.orphaned_at is not None and now - self.orphaned_at <= window_s:
+            if self._timer.orphaned_within(window_s):
                 await self.close(EndReason.CLIENT_CLOSED, "the client stopped the session")
                 return True
             return False
-        self._stop_on_close_until = now + window_s
+        self._timer.stop_on_close(window_s)
         return True
 
     # ---- the data channel -------------------------------------------------------
 
     def _on_channel_message(self, label: str, raw: str | bytes) -> None:
         # Any inbound frame, even one we cannot read, shows the client is alive.
-        self._last_inbound = time.monotonic()
+        self._timer.heard()
         # Decoding, routing and the per-session command rate limit live in
         # inbound_channel.py, whose handler never raises: an exception out of an aiortc
         # "message" handler closes the whole transport.
@@ -641,14 +501,14 @@ class PeerSession:
             if recordings is not None:
                 recordings.request(type_, data)
             else:
-                self._send(channel_codec.runtime("recordingError", command_error(
+                self._outbox.send(channel_codec.runtime("recordingError", command_error(
                     type_, "the session is not open yet", [{"field": None, "rule": "not_open", "value": None}]
                 )))
 
         return InboundHandler(
             session_id=self.id,
             command=command,
-            send=self._send,
+            send=self._outbox.send,
             send_control=send_control,
             spec=lambda: self.host.spec,
             on_ignored=ignored,
@@ -658,23 +518,11 @@ class PeerSession:
             on_coalesced=coalesced,
         )
 
-    def _send(self, text: str) -> None:
-        channel = self._channels.get("data")
-        if channel is not None and channel.readyState == "open":
-            channel.send(text)
-        else:
-            self._outbox.append(text)
-
     def _send_runtime(self, type_: str, data: dict[str, Any]) -> None:
         try:
-            self._send(channel_codec.runtime(type_, data))
+            self._outbox.send(channel_codec.runtime(type_, data))
         except channel_codec.ProtocolError:
             log.exception("session %s: a %s message is not JSON", self.id, type_)
-
-    def _flush_outbox(self) -> None:
-        channel = self._channels.get("data")
-        while self._outbox and channel is not None and channel.readyState == "open":
-            channel.send(self._outbox.popleft())
 
     # ---- what the model session sends: called from the model's threads -------------
 
@@ -692,7 +540,7 @@ class PeerSession:
             text = channel_codec.application(data)
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._send, text)
+            loop.call_soon_threadsafe(self._outbox.send, text)
             viewers = self.viewers
             if viewers is not None and ViewerRoom.shares(envelope):
                 ending = envelope.get("scope") == "runtime" and data.get("type") == "sessionEnded"
@@ -727,8 +575,7 @@ class PeerSession:
         await asyncio.shield(self._closing)
 
     async def _close(self, reason: str, message: str | None) -> None:
-        if self._grace_task is not None and self._grace_task is not asyncio.current_task():
-            self._grace_task.cancel()
+        self._timer.stop()
         opening = self._opening
         if opening is not None and not opening.done():
             await asyncio.wait({opening}, timeout=self.CLOSE_TIMEOUT_S)
@@ -752,21 +599,20 @@ class PeerSession:
         if not self._farewell_queued:
             # The model thread did not send it (gone, stuck, or never connected).
             self._farewell_queued = True
-            data: dict[str, Any] = {"reason": reason}
-            if detail:
-                data["message"] = detail
             channel = self._channels.get("data")
             if channel is not None and channel.readyState == "open":
-                channel.send(channel_codec.runtime("sessionEnded", data))
-        await self._drain_data_channel()
-        current = asyncio.current_task()
-        for task in (self._watchdog_task, self._stats_task, self._grace_task):
-            if task is not None and task is not current:
-                task.cancel()
+                channel.send(farewell.session_ended(reason, detail))
+        channel = self._channels.get("data")
+        if channel is not None and channel.readyState == "open":
+            await farewell.drain(channel, self.FAREWELL_S)
+        self._timer.stop()
+        stats = self._stats_task
+        if stats is not None and stats is not asyncio.current_task():
+            stats.cancel()
         pc, tracks, tasks = self._pc, self._pc_tracks, self._pc_tasks
         self._pc, self._pc_tracks, self._pc_tasks = None, [], []
         await self._discard(pc, tracks, tasks)
-        for conn in self._connections_by_id.values():
+        for conn in self._candidates.connections():
             if conn.pc is not None and conn.pc is not pc:
                 await self._discard(conn.pc, [])  # an offer abandoned mid-way
                 conn.pc = None
@@ -785,26 +631,6 @@ class PeerSession:
             except Exception:
                 log.exception("on_end callback failed")
 
-    async def _drain_data_channel(self) -> None:
-        channel = self._channels.get("data")
-        if channel is None or channel.readyState != "open":
-            return
-        deadline = time.monotonic() + self.FAREWELL_S
-        while channel.readyState == "open" and channel.bufferedAmount > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)  # let SCTP put the last message on the wire
-
-    async def _watchdog(self) -> None:
-        while True:
-            await asyncio.sleep(min(1.0, self.settings.idle_timeout_s / 4))
-            if (
-                self._state == SessionState.STREAMING
-                and time.monotonic() - self._last_inbound > self.settings.idle_timeout_s
-            ):
-                log.info("session %s: no inbound frame for %.0f s",
-                         self.id, self.settings.idle_timeout_s)
-                await self._lose_transport(self._pc, "idle")
-
     async def _report_stats(self) -> None:
         while True:
             await asyncio.sleep(self.settings.stats_interval_s)
@@ -816,13 +642,14 @@ class PeerSession:
             stats["connections"] = self.connections
             try:
                 text = channel_codec.runtime("stats", stats)
-                self._send(text)
+                self._outbox.send(text)
                 if self.viewers is not None:
                     self.viewers.broadcast(text)
             except channel_codec.ProtocolError:
                 log.exception("session %s: stats are not JSON", self.id)
 
     def stats(self) -> dict[str, Any]:
+        """The model session's stats, with this session's output, viewers and recordings."""
         data = self.session.stats() if self.session is not None else {}
         if self._fanout is not None:
             data["superseded"] = self._fanout.superseded()
@@ -831,46 +658,6 @@ class PeerSession:
         if self.recordings is not None and self.recordings.enabled:
             data.update(self.recordings.stats())
         return data
-
-
-def parse_candidates(candidates: Any, is_final: bool = False) -> list[RTCIceCandidate | None]:
-    """A client's trickled candidates as RTCIceCandidates (None: end of candidates).
-
-    Checked by the same rules as the HTTP routes' (`ice_candidates`). Raises
-    OfferRejected naming the first malformed one; nothing is kept then."""
-    try:
-        return remote_candidates.ice_candidates(candidates, is_final)
-    except ice_candidates.CandidateError as exc:
-        raise OfferRejected(str(exc)) from None
-
-
-async def _add_candidate(pc: RTCPeerConnection, candidate: RTCIceCandidate | None) -> None:
-    # A candidate the connection cannot use (closed, no such m-line) is not the
-    # session's problem: log it and go on.
-    if pc.connectionState == "closed":
-        return
-    try:
-        await pc.addIceCandidate(candidate)
-    except Exception as exc:
-        log.warning("an ICE candidate was not usable: %r", exc)
-
-
-def _extend_bounded(target: list[Any], items: list[Any], limit: int) -> None:
-    if len(target) + len(items) > limit:
-        raise OfferRejected(f"too many candidates before the offer (at most {limit})")
-    target.extend(items)
-
-
-
-
-def _check_kinds(parsed: SessionDescription, mapping: dict[str, TrackMapping]) -> None:
-    for media in parsed.media:
-        entry = mapping.get(media.rtp.muxId)
-        if entry is not None and media.kind in ("audio", "video") and entry.kind != media.kind:
-            raise OfferRejected(
-                f"track_mapping: mid {entry.mid!r} is a {media.kind} m-line but "
-                f"is mapped to {entry.kind} track {entry.name!r}"
-            )
 
 
 class _Sink:

@@ -41,7 +41,8 @@ from reactor_serve.rtc.settings import WebRTCSettings, WebRTCSettingsError
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.scaffold import init_model
 from reactor_serve.sessions.contract import ClientIdentity, SessionState
-from reactor_serve.sessions.peer_session import PeerSession, parse_candidates
+from reactor_serve.sessions.candidates import parse_candidates
+from reactor_serve.sessions.peer_session import PeerSession
 from reactor_serve.sessions.single_session import SingleSessionBackend
 
 # --------------------------------------------------------------------------- models
@@ -364,7 +365,7 @@ async def test_cancelled_first_offer_leaves_no_half_open_session(host_of, peers,
         await client.connect(signal)
     await asyncio.wait_for(peer.ended.wait(), 10)
     await wait_until(lambda: host.session is None, what="the host to be free")
-    assert all(conn.pc is None for conn in peer._connections_by_id.values())
+    assert all(conn.pc is None for conn in peer._candidates.connections())
     host.model.connect_delay = 0.0
     again = peers(host, settings())
     other = clients(host)

@@ -1,0 +1,111 @@
+"""The orphan timer on a fake clock: silence, the reconnect grace, the stop window."""
+
+import asyncio
+
+import pytest
+
+from reactor_serve.sessions.orphan_timer import OrphanTimer
+
+
+class FakeTime:
+    def __init__(self):
+        self.now = 100.0
+        self.waiters = []  # (deadline, future)
+
+    def clock(self):
+        return self.now
+
+    async def sleep(self, seconds):
+        future = asyncio.get_running_loop().create_future()
+        self.waiters.append((self.now + seconds, future))
+        await future
+
+    async def advance(self, seconds):
+        self.now += seconds
+        for deadline, future in list(self.waiters):
+            if deadline <= self.now and not future.done():
+                self.waiters.remove((deadline, future))
+                future.set_result(None)
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+
+@pytest.fixture
+def fake():
+    return FakeTime()
+
+
+def timer_of(fake, silent=None, expired=None, idle=8.0, grace=30.0):
+    async def on_silent():
+        silent.append(fake.now)
+
+    async def on_expired(at):
+        expired.append(at)
+
+    return OrphanTimer(
+        idle_timeout_s=idle, reconnect_grace_s=grace,
+        on_silent=on_silent if silent is not None else _never,
+        on_expired=on_expired if expired is not None else _never,
+        clock=fake.clock, sleep=fake.sleep,
+    )
+
+
+async def _never(*_):
+    raise AssertionError("not expected")
+
+
+async def test_the_watchdog_fires_after_idle_timeout_without_inbound(fake):
+    silent = []
+    timer = timer_of(fake, silent=silent, idle=8.0)
+    timer.start_watchdog()
+    await fake.advance(0)
+    await fake.advance(1.0)
+    timer.heard()
+    for _ in range(8):
+        await fake.advance(1.0)
+    assert silent == []  # 8 s since the frame: not longer than idle_timeout_s yet
+    await fake.advance(1.0)
+    assert silent == [110.0]
+    timer.stop()
+    await fake.advance(10.0)
+    assert silent == [110.0]
+
+
+async def test_grace_expires_with_its_orphaning_time_and_a_resume_cancels_it(fake):
+    expired = []
+    timer = timer_of(fake, expired=expired, grace=30.0)
+    at = timer.orphan()
+    await fake.advance(0)
+    assert timer.orphaned_at == at and timer.grace_remaining() == 30.0
+    await fake.advance(10.0)
+    assert timer.grace_remaining() == 20.0 and timer.orphaned_within(10.0)
+    assert not timer.orphaned_within(9.0)
+    timer.resume()
+    assert timer.grace_remaining() is None and timer.orphaned_at is None
+    await fake.advance(60.0)
+    assert expired == []
+    again = timer.orphan()
+    await fake.advance(29.0)
+    assert expired == []
+    await fake.advance(1.0)
+    assert expired == [again]
+    assert timer.grace_remaining() == 0.0
+
+
+async def test_stop_on_close_is_a_window(fake):
+    timer = timer_of(fake)
+    assert not timer.stopping_on_close()
+    timer.stop_on_close(5.0)
+    await fake.advance(5.0)
+    assert timer.stopping_on_close()
+    await fake.advance(0.1)
+    assert not timer.stopping_on_close()
+
+
+async def test_after_stop_nothing_starts_again(fake):
+    timer = timer_of(fake)
+    timer.stop()
+    timer.start_watchdog()
+    timer.orphan()
+    await fake.advance(100.0)
+    assert fake.waiters == []
