@@ -360,49 +360,66 @@ def command_of(raw: Any) -> tuple[str, Any] | None:
 def _make_handler(peer: PeerSession) -> InboundHandler:
     # The handler reads the peer through these small closures only, so that the peer's
     # session (opened after the first offer) and channels (replaced on reconnect) are
-    # looked up per frame.
+    # looked up per frame. They hold the peer weakly: the handler is `_handlers[peer]`,
+    # and a value that refers to its weak key keeps both alive for good (every ended
+    # session, its recorder, viewer room and aiortc objects with it).
+    peer_ref = weakref.ref(peer)
+    host = peer.host
+
     def command(name: str, args: dict[str, Any], command_id: str | int | None) -> str | int | None:
-        session = peer.session
+        live = peer_ref()
+        session = live.session if live is not None else None
         if session is None:
             return command_id
         return session.command(name, args, command_id).id
 
     def report_latency(command_id: Any, latency_ms: Any) -> str | None:
-        session = peer.session
+        live = peer_ref()
+        session = live.session if live is not None else None
         if session is None:
             return "no session"
         return session.report_latency(command_id, latency_ms)
 
+    def send(text: str) -> None:
+        live = peer_ref()
+        if live is not None:
+            live._send(text)
+
     def send_control(text: str) -> None:
-        channel = peer._channels.get("control")
+        live = peer_ref()
+        channel = live._channels.get("control") if live is not None else None
         if channel is not None and channel.readyState == "open":
             channel.send(text)
 
     def ignored() -> None:
-        peer.ignored_frames += 1
+        live = peer_ref()
+        if live is not None:
+            live.ignored_frames += 1
 
     def on_command(
         name: str, args: Any, error: dict[str, Any] | None, command_id: str | int | None
     ) -> None:
-        recordings = peer.recordings
+        live = peer_ref()
+        recordings = live.recordings if live is not None else None
         if recordings is not None:
             recordings.command(name, args, error, command_id)
 
     def recording(type_: str, data: dict[str, Any]) -> None:
-        recordings = peer.recordings
+        live = peer_ref()
+        recordings = live.recordings if live is not None else None
         if recordings is not None:
             recordings.request(type_, data)
         else:
-            peer._send(protocol.runtime("recordingError", command_error(
+            send(protocol.runtime("recordingError", command_error(
                 type_, "the session is not open yet", [{"field": None, "rule": "not_open", "value": None}]
             )))
 
     return InboundHandler(
         session_id=peer.id,
         command=command,
-        send=peer._send,
+        send=send,
         send_control=send_control,
-        spec=lambda: peer.host.spec,
+        spec=lambda: host.spec,
         on_ignored=ignored,
         report_latency=report_latency,
         on_command=on_command,
