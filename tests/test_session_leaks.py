@@ -145,3 +145,35 @@ async def test_an_ended_session_still_answers_late_requests():
             stop = await http.post(f"{server.url}/stop_session", json={"session_id": sid})
         assert poll.status_code == 404 and "has ended" in poll.text
         assert stop.status_code in (200, 404)
+
+
+class _FailingDirectory:
+    """A session directory whose record writes fail (the GCS unreachable a moment)."""
+
+    async def model_settings(self, name):
+        return {}
+
+    async def update(self, session_id, **fields):
+        raise RuntimeError("the GCS did not answer")
+
+    async def end(self, session_id, reason, message):
+        pass
+
+    async def drop_position(self, session_id):
+        pass
+
+    async def put_position(self, session_id, position, eta_s):
+        pass
+
+
+async def test_an_ingress_admission_that_fails_early_leaves_no_queue_entry(monkeypatch):
+    from types import SimpleNamespace
+
+    from reactor_serve.serve import serve_backend
+    from reactor_serve.serve.serve_backend import ServeBackend
+
+    # Outside an actor: asking Ray for our name would start a local Ray.
+    monkeypatch.setattr(serve_backend, "_own_actor_name", lambda: None)
+    backend = ServeBackend(SimpleNamespace(name="gradient"), None, _FailingDirectory(), [])
+    await backend._hold("a-session", claimed=False)
+    assert backend._queue == [] and backend._queued_at == {}
