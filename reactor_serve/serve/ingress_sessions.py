@@ -543,6 +543,12 @@ class IngressSessions:
                 session_id, EndReason.ERROR,
                 REPLICA_DIED if placed else f"the session could not be placed: {type(exc).__name__}",
             )
+        finally:
+            # Also when the directory write before the slot call failed or was
+            # cancelled: an id left in the queue would stay there for good, ahead of
+            # every later session.
+            if session_id in self._queue:
+                self._leave_queue(session_id)
 
     def _leave_queue(self, session_id: str) -> None:
         if session_id in self._queue:

@@ -64,9 +64,11 @@ class _Slot:
     def __init__(self, info: SessionInfo, client: ClientIdentity, peer: PeerSession) -> None:
         self.info = info
         self.client = client
-        self.peer = peer
-        # connection id -> the task answering that offer (result: the SDP answer)
-        self.negotiations: collections.OrderedDict[int, asyncio.Task[str]] = (
+        # None once the session has ended (SingleSessionBackend._release).
+        self.peer: PeerSession | None = peer
+        # connection id -> the task answering that offer (result: the SDP answer); the
+        # ids only (values None) once the session has ended.
+        self.negotiations: collections.OrderedDict[int, asyncio.Task[str] | None] = (
             collections.OrderedDict()
         )
         # Connection ids handed out by register_connection that got no offer yet.
@@ -254,10 +256,10 @@ class SingleSessionBackend:
             if ended:
                 raise UnknownSession(slot.ended_message())
             return AnswerPending({"status": "awaiting_offer"})
-        task = slot.negotiations.get(cid)
-        if task is None:
+        if cid not in slot.negotiations:
             raise UnknownSession(f"unknown connection {cid!r} for session {session_id}")
-        if ended:
+        task = slot.negotiations[cid]
+        if ended or task is None:
             # An answer to a session that is over would only mislead the client.
             raise UnknownSession(slot.ended_message())
         if not task.done():
@@ -415,7 +417,7 @@ class SingleSessionBackend:
         """Input-to-frame latencies (ms) the session's client reported after its first
         `since`, and how many it has reported in all: for a metric that observes each."""
         try:
-            session = self._slot(session_id).peer.session
+            session = getattr(self._slot(session_id).peer, "session", None)
         except UnknownSession:
             session = None
         if session is None:
@@ -425,12 +427,13 @@ class SingleSessionBackend:
     async def wait_ended(self, session_id: str, timeout: float) -> bool:
         """Wait up to `timeout` s for the session to end; whether it has."""
         slot = self._slot(session_id)
-        if slot.info.state != SessionState.ENDED:
+        peer = slot.peer
+        if slot.info.state != SessionState.ENDED and peer is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(slot.peer.ended.wait()), timeout)
+                await asyncio.wait_for(asyncio.shield(peer.ended.wait()), timeout)
             except asyncio.TimeoutError:
                 pass
-        return slot.info.state == SessionState.ENDED or slot.peer.ended.is_set()
+        return slot.info.state == SessionState.ENDED or peer is None or peer.ended.is_set()
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -480,8 +483,11 @@ class SingleSessionBackend:
     ) -> str:
         from reactor_serve.runtime.host import SessionBusy
 
+        peer = slot.peer
+        if peer is None:  # the session ended before this task first ran
+            raise UnknownSession(slot.ended_message())
         try:
-            answer = await slot.peer.answer(sdp_offer, mapping, connection_id=cid)
+            answer = await peer.answer(sdp_offer, mapping, connection_id=cid)
         except (BackendError, SessionBusy) as exc:
             # The session may still get a good offer; if none comes, let it expire.
             if not slot.answered and slot is self._current and slot.closing is None:
@@ -534,14 +540,18 @@ class SingleSessionBackend:
 
     async def _finish(self, slot: _Slot, reason: str, message: str | None) -> None:
         self._cancel_expiry(slot)
+        # Taken now: the peer's end (during its close) releases the slot, which lets
+        # go of both.
+        peer, negotiations = slot.peer, list(slot.negotiations.values())
         try:
             # The peer ends whatever it is doing, an offer being answered included,
             # and bounds every wait of its own.
-            await slot.peer.close(reason, message)
+            if peer is not None:
+                await peer.close(reason, message)
         except Exception:
             log.exception("session %s: closing its peer failed", mask_session_id(slot.info.session_id))
-        for task in slot.negotiations.values():
-            if not task.done():
+        for task in negotiations:
+            if task is not None and not task.done():
                 task.cancel()
         if slot.info.state != SessionState.ENDED:
             slot.info.end_reason = slot.info.end_reason or reason
@@ -576,6 +586,12 @@ class SingleSessionBackend:
         slot.info.state = SessionState.ENDED
         if self._current is slot:
             self._current = None
+        # A late poll, offer or stop needs the record and the connection ids only. The
+        # peer (its aiortc connection, encoders, recorder, viewer room) and the
+        # negotiations (a failed one's traceback holds the peer's frames) go now, not
+        # when KEEP_ENDED newer sessions have pushed this one out.
+        slot.peer = None
+        slot.negotiations = collections.OrderedDict.fromkeys(slot.negotiations)
         self._ended[slot.info.session_id] = slot
         self._ended.move_to_end(slot.info.session_id)
         while len(self._ended) > self.KEEP_ENDED:
