@@ -16,7 +16,7 @@ from coturn_server import TURN_SECRET, coturn, free_udp_range, relay_model  # no
 
 from reactor_serve.client import connect
 from reactor_serve.client.peer import ClientPeer
-from reactor_serve.client.session import (
+from reactor_serve.client.signalling import (
     SessionRefused,
     fetch_ice_servers,
     offer_signal,
