@@ -87,14 +87,14 @@ class ReactorClient:
         # Why the session ended, once it has: the `sessionEnded` reason and message.
         self.end_reason: str | None = None
         self.end_message: str | None = None
-        self._reconnect: ReconnectSupervisor | None = None
-        self._supervisor: asyncio.Task[None] | None = None
+        self._supervisor: ReconnectSupervisor | None = None
+        self._supervising: asyncio.Task[None] | None = None
         self._closing = False
 
     @property
     def reconnects(self) -> int:
         """Successful reconnects so far (each one a new peer connection, same session)."""
-        return self._reconnect.reconnects if self._reconnect is not None else 0
+        return self._supervisor.reconnects if self._supervisor is not None else 0
 
     # ---- state ------------------------------------------------------------------
 
@@ -117,10 +117,10 @@ class ReactorClient:
             server=self.base_url,
             name=self._masked(),
         )
-        self._reconnect = supervisor
+        self._supervisor = supervisor
         self.peer.on_lost = supervisor.lost
         self._set_state(ClientState.STREAMING)
-        self._supervisor = asyncio.get_running_loop().create_task(
+        self._supervising = asyncio.get_running_loop().create_task(
             supervisor.run(), name=f"reactor-client-{self.session_id[:6]}"
         )
 
@@ -317,7 +317,7 @@ class ReactorClient:
         if self._closing:
             return
         self._closing = True
-        supervisor, self._supervisor = self._supervisor, None
+        supervisor, self._supervising = self._supervising, None
         if supervisor is not None and not supervisor.done():
             supervisor.cancel()
             try:
