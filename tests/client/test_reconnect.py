@@ -9,7 +9,11 @@ from typing import Any
 import httpx
 import pytest
 
-from reactor_serve.client.reconnect import ClientState, ReconnectPolicy, ReconnectSupervisor
+from reactor_serve.client.reconnect import (
+    ClientState,
+    ReconnectPolicy,
+    ReconnectSupervisor,
+)
 from reactor_serve.client.signalling import SessionOver, SessionRefused
 
 
@@ -169,8 +173,8 @@ async def test_it_gives_up_after_the_grace_and_says_why():
     await h.supervisor.check()
     assert h.ended == [(
         "timeout",
-        "lost the connection (peer connection closed) and could not reconnect within 5 s "
-        "(TimeoutError: no answer)",
+        ("lost the connection (peer connection closed) and could not reconnect within 5 s "
+         "(TimeoutError: no answer)"),
     )]
     assert h.supervisor.ended
     assert sum(h.clock.slept) >= 5.0
@@ -194,8 +198,8 @@ async def test_a_server_that_refuses_connections_ends_the_session_as_gone():
     await h.supervisor.check()
     assert h.ended == [(
         "error",
-        "lost the connection (peer connection failed) and the server at http://model.test "
-        "refuses connections: it is gone, and the session with it",
+        ("lost the connection (peer connection failed) and the server at http://model.test "
+         "refuses connections: it is gone, and the session with it"),
     )]
     assert sum(h.clock.slept) < 30.0  # well before the grace
     assert h.transport.offer_timeouts == []
@@ -271,8 +275,9 @@ async def test_disabled_reconnects_end_on_the_first_loss():
     h = Harness(ReconnectPolicy(enabled=False))
     h.drop("peer connection failed")
     await h.supervisor.check()
-    assert h.ended == [("timeout", "lost the connection (peer connection failed) and "
-                                   "reconnecting is disabled")]
+    assert h.ended == [
+        ("timeout", "lost the connection (peer connection failed) and reconnecting is disabled")
+    ]
     assert h.transport.offer_timeouts == []
 
 

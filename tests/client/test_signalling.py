@@ -231,7 +231,7 @@ async def test_a_failing_poll_raises_instead_of_polling_on():
 
 async def test_no_answer_in_time_is_a_refusal():
     clock = FakeClock()
-    http, seen = server(lambda request: httpx.Response(
+    http, _ = server(lambda request: httpx.Response(
         202, json={"connection_id": 1} if request.method == "POST" else {"status": "pending"}
     ))
     async with http:
