@@ -6,13 +6,9 @@
 
 from reactor_serve.client.input_latency import LatencyRecord
 from reactor_serve.client.peer import ClientPeer, ReceivedAudio, ReceivedVideo
-from reactor_serve.client.session import (
-    ClientState,
-    ReactorClient,
-    ReconnectPolicy,
-    SessionRefused,
-    connect,
-)
+from reactor_serve.client.reconnect import ClientState, ReconnectPolicy
+from reactor_serve.client.session import ReactorClient, connect
+from reactor_serve.client.signalling import SessionRefused
 from reactor_serve.client.viewer import ReactorViewer, ViewerCannotCommand, watch
 
 __all__ = [

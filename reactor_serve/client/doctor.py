@@ -33,14 +33,16 @@ import httpx
 import numpy as np
 
 from reactor_serve.client.peer import ClientPeer, Signal
-from reactor_serve.client.session import (
+from reactor_serve.client.signalling import (
     SessionRefused,
     fetch_ice_servers,
+    host_candidates_for,
+    http_client,
     join_url,
     offer_signal,
     start_session,
 )
-from reactor_serve.rtc.host_candidates import HostCandidatePolicy, is_loopback_host
+from reactor_serve.rtc.host_candidates import HostCandidatePolicy
 
 __all__ = [
     "PATHS",
@@ -206,8 +208,7 @@ async def check_connectivity(
     unknown = [p for p in paths if p not in PATHS]
     if unknown:
         raise DoctorError(f"unknown path {unknown[0]!r} (paths: {', '.join(PATHS)})")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30.0)) as http:
+    async with http_client(token) as http:
         try:
             base = await _model_base(http, url, model)
             try:
@@ -222,8 +223,9 @@ async def check_connectivity(
                 ice = await fetch_ice_servers(http, base, sid)
                 # aioice leaves 127.0.0.1 out of its candidates; a server on this
                 # machine is reached through it (as `connect()` does).
-                loopback = is_loopback_host(parsed.hostname)
-                checker = _PathChecker(http, base, descriptor, ice, timeout, loopback)
+                checker = _PathChecker(
+                    http, base, descriptor, ice, timeout, host_candidates_for(url, None)
+                )
                 try:
                     results = [await checker.check(path) for path in PATHS if path in paths]
                 finally:
@@ -282,7 +284,7 @@ class _PathChecker:
         descriptor: dict[str, Any],
         ice: list[dict[str, Any]],
         timeout: float,
-        loopback: bool,
+        host_candidates: HostCandidatePolicy | None,
     ) -> None:
         self._http, self._base, self._ice, self._timeout = http, base, ice, timeout
         self._session_id: str = descriptor["session_id"]
@@ -292,10 +294,7 @@ class _PathChecker:
             for t in capabilities.get("tracks", [])
             if t.get("direction") == "sendonly" and t.get("kind") == "video"
         }
-        self.peer = ClientPeer(
-            capabilities, inputs=inputs,
-            host_candidates=HostCandidatePolicy(loopback_only=True) if loopback else None,
-        )
+        self.peer = ClientPeer(capabilities, inputs=inputs, host_candidates=host_candidates)
         # A failed path must not end the peer: the next path offers again on it.
         self.peer.on_lost = self._on_lost
         self._offered = False

@@ -9,7 +9,7 @@ tracks, and speaks the data-channel protocol.
 the old one (a reconnect to the same session), and what was received so far (frames,
 their indices, messages, stats) carries on across it. A peer used on its own treats a
 failed or closed connection as the end; `ReactorClient` sets `on_lost` instead and
-reconnects.
+reconnects (client/reconnect.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from reactor_serve.client.jitter import release_frames_on_marker
 from reactor_serve.protocol import channel_codec
 from reactor_serve.rtc.host_candidates import HostCandidatePolicy
 
-__all__ = ["ClientPeer", "ReceivedAudio", "ReceivedVideo"]
+__all__ = ["ClientPeer", "ReceivedAudio", "ReceivedVideo", "Signal"]
 
 log = logging.getLogger("reactor_serve.client")
 
@@ -212,6 +212,9 @@ class ClientPeer:
         # silent channel means a lost transport (see ReactorClient).
         self.last_inbound = float("-inf")
         self.stats_seen = False
+        # The first `sessionEnded`'s data, once one is among `messages`: the session is
+        # over, whatever the transport does.
+        self.session_end: dict[str, Any] | None = None
 
     @property
     def closed(self) -> bool:
@@ -377,12 +380,21 @@ class ClientPeer:
         except (TypeError, ValueError):
             log.warning("ignored a non-JSON data-channel frame")
             return
+        self.add_message(message)
+
+    def add_message(self, message: dict[str, Any]) -> None:
+        """Take a message envelope in as if it came from the server: the data channel's,
+        or one the client makes itself (its own `sessionEnded` when the server could
+        not send one); whoever waits for messages sees it."""
         data = message.get("data") or {}
         if message.get("scope") == "runtime" and data.get("type") == "stats":
             self.stats = data.get("data") or {}
             self.stats_seen = True
         elif message.get("scope") == "runtime" and data.get("type") == "inputFrame":
             self.latency.answer(data.get("data"))
+        elif (message.get("scope") == "runtime" and data.get("type") == "sessionEnded"
+              and self.session_end is None):
+            self.session_end = data.get("data") or {}
         self.messages.append(message)
         self._changed.set()
 

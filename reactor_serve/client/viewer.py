@@ -16,16 +16,19 @@ viewer gets `sessionEnded` and its connection closes.
 
 from __future__ import annotations
 
-import asyncio
-import time
 import urllib.parse
 from typing import Any, AsyncIterator
 
 import httpx
 
-from reactor_serve.client.peer import ClientPeer, ReceivedVideo, Signal
-from reactor_serve.client.session import SessionRefused, checked_json, join_url
-from reactor_serve.rtc.host_candidates import HostCandidatePolicy, is_loopback_host
+from reactor_serve.client.peer import ClientPeer, ReceivedVideo
+from reactor_serve.client.signalling import (
+    checked_json,
+    host_candidates_for,
+    http_client,
+    watch_signal,
+    watch_url,
+)
 
 __all__ = ["ReactorViewer", "ViewerCannotCommand", "watch"]
 
@@ -55,11 +58,8 @@ class ReactorViewer:
     @property
     def end_reason(self) -> str | None:
         """The `sessionEnded` reason, once the session has ended."""
-        for envelope in self.peer.messages:
-            data = envelope.get("data") or {}
-            if envelope.get("scope") == "runtime" and data.get("type") == "sessionEnded":
-                return (data.get("data") or {}).get("reason") or "unknown"
-        return None
+        ended = self.peer.session_end
+        return None if ended is None else ended.get("reason") or "unknown"
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -118,45 +118,21 @@ async def watch(
             raise ValueError("give a viewer token, or a viewer URL with ?watch=<token>")
         viewer_token = found[0]
         base_url = urllib.parse.urlunparse(parsed._replace(query="", fragment=""))
-    if loopback_only is None:
-        loopback_only = is_loopback_host(urllib.parse.urlparse(base_url).hostname or "")
-    host_candidates = HostCandidatePolicy(loopback_only=True) if loopback_only else None
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30.0))
-    watch_url = join_url(base_url, f"watch/{urllib.parse.quote(viewer_token, safe='')}")
+    host_candidates = host_candidates_for(base_url, loopback_only)
+    http = http_client(token)
+    link = watch_url(base_url, viewer_token)
     try:
-        descriptor = checked_json(await http.get(watch_url), 200)
-        ice = checked_json(await http.get(f"{watch_url}/ice_servers"), 200).get("ice_servers", [])
+        descriptor = checked_json(await http.get(link), 200)
+        ice = checked_json(await http.get(f"{link}/ice_servers"), 200).get("ice_servers", [])
         peer = ClientPeer(descriptor["capabilities"], ice_servers=ice,
                           host_candidates=host_candidates)
         viewer = ReactorViewer(base_url, viewer_token, peer, descriptor, http)
-        await peer.connect(_watch_signal(http, watch_url, viewer, timeout), timeout=timeout)
+
+        def offered(connection_id: int | None) -> None:
+            viewer.connection_id = connection_id
+
+        await peer.connect(watch_signal(http, link, timeout, on_offered=offered), timeout=timeout)
         return viewer
     except BaseException:
         await http.aclose()
         raise
-
-
-def _watch_signal(
-    http: httpx.AsyncClient, watch_url: str, viewer: ReactorViewer, timeout: float
-) -> Signal:
-    async def signal(sdp_offer: str, track_mapping: list[dict[str, Any]]) -> str:
-        reply = checked_json(await http.post(f"{watch_url}/sdp_params", json={
-            "sdp_offer": sdp_offer, "client_info": {"sdk": "reactor-serve-python", "viewer": True},
-            "track_mapping": track_mapping,
-        }), 202)
-        cid = reply.get("connection_id")
-        viewer.connection_id = cid
-        deadline = time.monotonic() + timeout
-        delay = 0.02
-        while time.monotonic() < deadline:
-            poll = await http.get(f"{watch_url}/sdp_params", params={"connection_id": cid})
-            if poll.status_code == 200:
-                return poll.json()["sdp_answer"]
-            if poll.status_code != 202:
-                checked_json(poll, 200)
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 1.0)
-        raise SessionRefused(f"no SDP answer for the viewer within {timeout:g} s")
-
-    return signal

@@ -16,7 +16,7 @@ from paths import ROOT
 
 from reactor_serve.client import connect
 from reactor_serve.client.peer import ClientPeer
-from reactor_serve.client.session import (
+from reactor_serve.client.signalling import (
     SessionRefused,
     fetch_ice_servers,
     offer_signal,

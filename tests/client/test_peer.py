@@ -1,0 +1,37 @@
+"""What `ClientPeer` keeps of the messages it takes in, without a connection: the
+server's `sessionEnded` (which the owner's reconnect supervisor and the viewer both
+read), the latest `stats`, and waking whoever waits for a message."""
+
+import asyncio
+
+from reactor_serve.client.peer import ClientPeer
+
+
+def runtime(type_, data):
+    return {"scope": "runtime", "data": {"type": type_, "data": data}}
+
+
+async def test_the_first_session_ended_is_kept_and_later_ones_do_not_replace_it():
+    peer = ClientPeer({"tracks": []})
+    assert peer.session_end is None
+    peer.add_message({"scope": "application", "data": {"type": "sessionEnded", "data": {}}})
+    assert peer.session_end is None  # a model message of that name is not the session's end
+    peer.add_message(runtime("sessionEnded", {"reason": "timeout", "message": "idle"}))
+    peer.add_message(runtime("sessionEnded", {"reason": "error", "detected_by": "client"}))
+    assert peer.session_end == {"reason": "timeout", "message": "idle"}
+    assert len(peer.messages) == 3
+
+
+async def test_stats_are_kept_and_mark_the_server_as_one_that_sends_them():
+    peer = ClientPeer({"tracks": []})
+    assert not peer.stats_seen
+    peer.add_message(runtime("stats", {"viewers": 2}))
+    assert peer.stats_seen and peer.stats == {"viewers": 2}
+
+
+async def test_a_message_taken_in_wakes_a_waiter():
+    peer = ClientPeer({"tracks": []})
+    waiting = asyncio.ensure_future(peer.next_message("sessionEnded", scope="runtime", timeout=5))
+    await asyncio.sleep(0)
+    peer.add_message(runtime("sessionEnded", {"reason": "client_closed"}))
+    assert (await waiting)["data"] == {"reason": "client_closed"}
