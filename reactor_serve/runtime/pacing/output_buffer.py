@@ -96,7 +96,7 @@ class OutputBuffer:
         self.capacity = int(capacity)
         self.clock = clock
         self.rate = ProductionRate()
-        # Read by the clock without the lock, as the rate is: it reads single values.
+        # Fed under the lock; the clock reads it without, one value written whole at a time.
         self.supply = SupplyMargin()
         self._target_fps = float(fps)
         self._items: collections.deque[FrameItem] = collections.deque()
