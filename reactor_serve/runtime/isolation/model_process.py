@@ -9,8 +9,9 @@ replica with it:
 
 - the child's death (a segfault, `os._exit`, the out-of-memory killer) ends the live
   session with `sessionEnded{reason: "error"}` saying how it died, and a new child is
-  started with backoff; the host stays healthy while it loads again, and turns
-  unhealthy, with the reason, once loading has failed `UNHEALTHY_AFTER` times in a row;
+  started with backoff (`ChildSupervisor`); the host stays healthy while it loads
+  again, and turns unhealthy, with the reason, once loading has failed
+  `UNHEALTHY_AFTER` times in a row;
 - the child dies with this process (see `model_worker`), and the shared memory the
   frames cross in has no name, so nothing is left behind even after `kill -9`.
 
@@ -25,7 +26,6 @@ import concurrent.futures
 import logging
 import os
 import queue
-import signal
 import site
 import subprocess
 import sys
@@ -46,6 +46,11 @@ from reactor_serve.runtime.host import (
 )
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.runtime.input_latency import CommandTicket, FrameAnswer
+from reactor_serve.runtime.isolation.child_supervisor import (
+    ChildStopped,
+    ChildSupervisor,
+    describe_exit,
+)
 from reactor_serve.runtime.isolation.frame_ring import FrameReader, FrameWriter
 from reactor_serve.runtime.isolation.process_channel import (
     ChannelClosed,
@@ -58,7 +63,7 @@ from reactor_serve.runtime.pacing.frames import audio_chunk, video_batch
 from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
 from reactor_serve.runtime.session import EndReason, Session, SessionSink
 
-__all__ = ["ModelProcess", "describe_exit", "hosted_model", "in_process_requested"]
+__all__ = ["ModelProcess", "hosted_model", "in_process_requested"]
 
 log = logging.getLogger("reactor_serve.runtime")
 
@@ -81,30 +86,14 @@ def hosted_model(
     return ModelHost.from_manifest(path) if in_process else ModelProcess(path, env=env)
 
 
-def describe_exit(returncode: int) -> str:
-    """How a process ended, for a person: "exited with code 3", "was killed by
-    SIGSEGV (signal 11)"."""
-    if returncode >= 0:
-        return f"exited with code {returncode}"
-    number = -returncode
-    try:
-        text = f"was killed by {signal.Signals(number).name} (signal {number})"
-    except ValueError:
-        text = f"was killed by signal {number}"
-    if number == signal.SIGKILL:
-        text += ": the kernel's out-of-memory killer, or someone, killed it"
-    return text
-
-
 class ModelProcess:
     """Runs the model at a directory in a child process; sessions are served here."""
 
-    # Restart delays after a crash or a failed load, doubling up to the last; a child
-    # that ran this long before dying starts the sequence over.
-    RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
-    STABLE_AFTER_S = 60.0
+    # How the model process is restarted (see ChildSupervisor); read at start().
+    RESTART_BACKOFF_S = ChildSupervisor.RESTART_BACKOFF_S
+    STABLE_AFTER_S = ChildSupervisor.STABLE_AFTER_S
     # Failed loads in a row after which the host reports unhealthy (it keeps trying).
-    UNHEALTHY_AFTER = 3
+    UNHEALTHY_AFTER = ChildSupervisor.UNHEALTHY_AFTER
     # How long a new session waits for a restarting model before it is refused.
     OPEN_WAIT_S = 60.0
     # How long a session end waits for the model's @disconnected hooks.
@@ -124,15 +113,9 @@ class ModelProcess:
         self.spec: ModelSpec = inspect_model(model_cls, name or manifest.name)
         self.config: ModelConfig = model_config(model_cls, manifest.config)
         self.output_buffer = OutputBuffer(self.spec.buffer_size, self.spec.fps)
-        self.load_error: ModelLoadError | None = None
-        self.crashes = 0
-        self.restarts = 0
         self._errors_before = 0
-        self._child: _Child | None = None
-        self._ready = threading.Event()
         self._closing = False
-        self._first_load: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._supervisor: threading.Thread | None = None
+        self._supervisor: ChildSupervisor[_Child] | None = None
         self._placements: queue.Queue[tuple[_Child, tuple[Any, ...]] | None] = queue.Queue()
         self._placer: threading.Thread | None = None
         self._sessions: dict[str, Session] = {}
@@ -147,17 +130,19 @@ class ModelProcess:
         ModelLoadError (with the child's traceback) when the first load fails."""
         self._placer = threading.Thread(target=self._place, name="reactor-placer", daemon=True)
         self._placer.start()
-        # Children are started from this thread only: the kernel's parent-death
-        # signal follows the thread that forked, and this one lives as long as we do.
-        self._supervisor = threading.Thread(
-            target=self._supervise, name=f"reactor-model-process-{self.spec.name}", daemon=True
+        self._supervisor = ChildSupervisor(
+            f"model {self.spec.name}",
+            self._spawn,
+            what="the model process",
+            backoff_s=self.RESTART_BACKOFF_S,
+            stable_after_s=self.STABLE_AFTER_S,
+            unhealthy_after=self.UNHEALTHY_AFTER,
+            describe_failure=_load_failure_text,
         )
-        self._supervisor.start()
         try:
-            self._first_load.result(timeout)
-        except ModelLoadError as exc:
-            self.load_error = exc
-            raise
+            self._supervisor.start(timeout)
+        except ChildStopped as exc:
+            raise ModelLoadError("shut down while loading", "") from exc
 
     def __enter__(self) -> ModelProcess:
         self.start()
@@ -171,13 +156,26 @@ class ModelProcess:
         """Started, not failing to load, and supervised (a crashed model that is being
         restarted counts as healthy: the next session will wait for it)."""
         supervisor = self._supervisor
-        return (
-            supervisor is not None
-            and supervisor.is_alive()
-            and self._first_load.done()
-            and self.load_error is None
-            and not self._closing
-        )
+        return supervisor is not None and supervisor.healthy
+
+    @property
+    def load_error(self) -> Exception | None:
+        """Why the model failed to load the first time, or UNHEALTHY_AFTER times in a
+        row since (a ModelLoadError with the model's traceback)."""
+        supervisor = self._supervisor
+        return supervisor.start_error if supervisor is not None else None
+
+    @property
+    def crashes(self) -> int:
+        """Times the model process died after it had loaded."""
+        supervisor = self._supervisor
+        return supervisor.crashes if supervisor is not None else 0
+
+    @property
+    def restarts(self) -> int:
+        """Times the model process was started again after a crash or a failed load."""
+        supervisor = self._supervisor
+        return supervisor.restarts if supervisor is not None else 0
 
     @property
     def model_errors(self) -> int:
@@ -188,8 +186,13 @@ class ModelProcess:
     @property
     def pid(self) -> int | None:
         """The model process's pid, while one runs."""
-        child = self._child
-        return child.process.pid if child is not None and child.process.poll() is None else None
+        supervisor = self._supervisor
+        return supervisor.pid if supervisor is not None else None
+
+    @property
+    def _child(self) -> _Child | None:
+        supervisor = self._supervisor
+        return supervisor.child if supervisor is not None else None
 
     @property
     def session(self) -> Session | None:
@@ -199,64 +202,13 @@ class ModelProcess:
     def shutdown(self, timeout: float = 15.0) -> None:
         """End any live session (its @disconnected hooks run), stop the model process."""
         self._closing = True
-        child = self._child
-        if child is not None:
-            self._stop_process(child, timeout)
-        if self._supervisor is not None and self._supervisor is not threading.current_thread():
-            self._supervisor.join(timeout)
+        if self._supervisor is not None:
+            self._supervisor.stop(timeout)
         for session in list(self._sessions.values()):
             self._abandon(session, EndReason.SHUTDOWN, None)
         self._placements.put(None)
-        if not self._first_load.done():
-            self._first_load.set_exception(ModelLoadError("shut down while loading", ""))
 
     # ---- the child, supervised -------------------------------------------------------
-
-    def _supervise(self) -> None:
-        failures = 0
-        delay_index = 0
-        while not self._closing:
-            child = self._spawn()
-            started = time.monotonic()
-            outcome = child.loaded.result()
-            if isinstance(outcome, ModelLoadError):
-                failures += 1
-                if not self._first_load.done():
-                    # Gone before start() raises: nothing of a failed load lingers.
-                    self._stop_child(child)
-                    self._first_load.set_exception(outcome)
-                    return
-                log.error(
-                    "model %s failed to load again (%d in a row):\n%s",
-                    self.spec.name, failures, outcome.traceback,
-                )
-                if failures >= self.UNHEALTHY_AFTER:
-                    self.load_error = outcome
-                self._stop_child(child)
-            else:
-                failures = 0
-                self.load_error = None
-                self._ready.set()
-                if not self._first_load.done():
-                    self._first_load.set_result(None)
-                returncode = child.process.wait()
-                self._ready.clear()
-                child.reader.join()
-                if self._closing:
-                    self._finish(child, None)
-                    return
-                how = describe_exit(returncode)
-                self.crashes += 1
-                log.error("model %s: the model process %s", self.spec.name, how)
-                self._finish(child, f"the model process {how}; it is being restarted")
-                if time.monotonic() - started > self.STABLE_AFTER_S:
-                    delay_index = 0
-            if self._closing:
-                return
-            delay = self.RESTART_BACKOFF_S[min(delay_index, len(self.RESTART_BACKOFF_S) - 1)]
-            delay_index += 1
-            self.restarts += 1
-            time.sleep(delay)
 
     def _spawn(self) -> _Child:
         ours, theirs = channel_pair()
@@ -281,27 +233,7 @@ class ModelProcess:
         theirs.close()
         child = _Child(self, process, ours)
         child.reader.start()
-        self._child = child
-        log.info("model %s: model process %d started", self.spec.name, process.pid)
         return child
-
-    def _stop_child(self, child: _Child) -> None:
-        self._stop_process(child, 10.0)
-        child.reader.join()
-        self._finish(child, "the model process stopped")
-
-    def _stop_process(self, child: _Child, timeout: float) -> None:
-        """Ask `child` to stop (its live session ends with its hooks run); kill it
-        when it has not within `timeout`."""
-        child.channel.send("shutdown")
-        try:
-            child.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning(
-                "model process %s did not stop in %.0f s: killing it", child.process.pid, timeout
-            )
-            child.process.kill()
-            child.process.wait()
 
     def _finish(self, child: _Child, why: str | None) -> None:
         """`child` is gone: nothing of it may linger in this process."""
@@ -330,9 +262,11 @@ class ModelProcess:
         model is not loaded (a restarting one is waited for, up to OPEN_WAIT_S)."""
         if not self.healthy:
             raise RuntimeError(f"model {self.spec.name!r} is not loaded")
+        supervisor = self._supervisor
+        assert supervisor is not None  # healthy
         for _ in range(2):
-            if not self._ready.is_set():
-                ready = await asyncio.to_thread(self._ready.wait, self.OPEN_WAIT_S)
+            if not supervisor.ready:
+                ready = await asyncio.to_thread(supervisor.wait_ready, self.OPEN_WAIT_S)
                 if not ready:
                     raise RuntimeError(f"model {self.spec.name!r} is restarting; try again")
             child = self._child
@@ -389,8 +323,8 @@ class ModelProcess:
                 self.spec.name, session.id, self.END_WAIT_S,
             )
             self._abandon(session, reason, detail)
-            self._ready.clear()  # the next session waits for the new process
-            child.process.kill()
+            assert self._supervisor is not None  # it started the child
+            self._supervisor.kill(child)  # the next session waits for the new process
 
     def push_input(self, session: Session, track: str, frame: Any) -> None:
         """A client frame, written once into the model's input ring (dropped, and
@@ -540,7 +474,7 @@ class ModelProcess:
 
 
 class _Child:
-    """One model process and what this process holds for it."""
+    """One model process and what this process holds for it (a `SupervisedChild`)."""
 
     def __init__(self, owner: ModelProcess, process: subprocess.Popen[bytes], channel: ProcessChannel) -> None:
         self.owner = owner
@@ -558,6 +492,17 @@ class _Child:
         self.inputs = FrameWriter("reactor-input", owner.INPUT_SLOTS, owner.INPUT_MAX_BYTES)
         self.reader = threading.Thread(target=self._read, name="reactor-model-channel", daemon=True)
 
+    def wait_started(self) -> ModelLoadError | None:
+        return self.loaded.result()
+
+    def ask_to_stop(self) -> None:
+        # Its live session ends with its @disconnected hooks run.
+        self.channel.send("shutdown")
+
+    def release(self, why: str | None) -> None:
+        self.reader.join()
+        self.owner._finish(self, why)
+
     def _read(self) -> None:
         try:
             while True:
@@ -573,6 +518,11 @@ class _Child:
                 self.loaded.set_result(
                     ModelLoadError(f"the model process {describe_exit(returncode)} while loading", "")
                 )
+
+
+def _load_failure_text(error: Exception) -> str:
+    """What is logged when a restarted model fails to load: its traceback."""
+    return error.traceback if isinstance(error, ModelLoadError) else str(error)
 
 
 def _site_dirs() -> set[str]:

@@ -129,9 +129,9 @@ class EmissionClock:
 
     def margin_goal(self) -> float:
         """The cushion aimed for, in frames: never more than a quarter of the buffer."""
-        if not self.buffer.jitter_measured:
+        if not self.buffer.supply.jitter_measured:
             return min(self.UNMEASURED_GOAL, self.MARGIN_GOAL + self.buffer.capacity / 4)
-        jitter = self.SPREAD_FACTOR * self.buffer.margin_spread()
+        jitter = self.SPREAD_FACTOR * self.buffer.supply.spread()
         return self.MARGIN_GOAL + min(jitter, self.buffer.capacity / 4)
 
     def effective_fps(self) -> float:
@@ -153,11 +153,11 @@ class EmissionClock:
             # the model's own time reads above what its arrivals deliver, pace by
             # the arrivals. (Not for a model faster than the target, above: held back
             # by backpressure, its arrivals only echo the clock.)
-            delivered = self.buffer.arrival_rate()
+            delivered = self.buffer.supply.arrival_rate()
             if delivered is not None:
                 rate = min(rate, delivered)
             base, ceiling = min(rate, target), target * (1.0 + self.MAX_CORRECTION)
-        margin = self.buffer.margin()
+        margin = self.buffer.supply.margin()
         if margin is None:
             return max(self.MIN_FPS, min(ceiling, base)), None
         excess = margin - self.margin_goal()
@@ -212,7 +212,7 @@ class EmissionClock:
             # The consumer fell more than a tick behind: skip ahead rather than burst.
             following = now + interval
         self._next_slot = following
-        self.buffer.note_next_tick(following, interval)
+        self.buffer.supply.note_next_tick(following, interval)
 
         if self.buffer.flushes != self._flushes_seen:
             self._flushes_seen = self.buffer.flushes

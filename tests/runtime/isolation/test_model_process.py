@@ -20,11 +20,7 @@ from conftest import connected
 from paths import ROOT, TEST_MODELS, TESTS
 
 from reactor_serve.runtime.host import ModelLoadError
-from reactor_serve.runtime.isolation.model_process import (
-    ModelProcess,
-    describe_exit,
-    hosted_model,
-)
+from reactor_serve.runtime.isolation.model_process import ModelProcess, hosted_model
 
 MODELS = TEST_MODELS / "process"
 REFERENCE = TEST_MODELS / "reference"
@@ -342,13 +338,6 @@ def test_in_process_mode_runs_the_model_on_a_thread_for_debuggers(monkeypatch):
     monkeypatch.setenv("REACTOR_IN_PROCESS", "0")
     assert isinstance(hosted_model(REFERENCE / "generator"), ModelProcess)
     assert isinstance(hosted_model(REFERENCE / "generator", in_process=True), ModelHost)
-
-
-def test_exits_are_described_for_people():
-    assert describe_exit(0) == "exited with code 0"
-    assert describe_exit(-11) == "was killed by SIGSEGV (signal 11)"
-    assert describe_exit(-9).startswith("was killed by SIGKILL (signal 9): the kernel's out-of-memory")
-    assert describe_exit(-200) == "was killed by signal 200"
 
 
 def test_cuda_tensors_cross_with_one_device_to_host_copy(tmp_path, process_of):

@@ -395,7 +395,7 @@ def test_effective_fps_is_min_of_target_and_rate():
         now.t = 0.5 * k
         buf.record_emit([FrameItem(video={})] * 10, None)  # 20 fps, never queued
         buf.rate.returned(now.t)
-    assert buf.margin() is None
+    assert buf.supply.margin() is None
     assert clock.effective_fps() == pytest.approx(20.0)
 
 
@@ -406,7 +406,7 @@ def test_margin_correction_is_small_and_bounded():
     buf.put_nowait([FrameItem(video={})] * 3)
     now.t = 100.0
     buf.put_nowait([FrameItem(video={})])
-    assert buf.margin() == pytest.approx(3.0)
+    assert buf.supply.margin() == pytest.approx(3.0)
     goal = clock.margin_goal()
     assert goal >= EmissionClock.MARGIN_GOAL
     expected = 1 + max(
@@ -422,7 +422,7 @@ def test_margin_correction_is_small_and_bounded():
         buf.take()
     now.t = 200.0
     buf.put_nowait([FrameItem(video={})])
-    assert buf.margin() < 0
+    assert buf.supply.margin() < 0
     assert clock.effective_fps() == pytest.approx(20 * (1 - EmissionClock.MAX_CORRECTION))
     assert EmissionClock.MAX_CORRECTION <= 0.1
 
@@ -433,7 +433,7 @@ def test_far_too_much_cushion_is_worked_off_faster_but_bounded():
     buf.put_nowait([FrameItem(video={})] * 40)
     now.t = 100.0
     buf.put_nowait([FrameItem(video={})])
-    assert buf.margin() == pytest.approx(40.0)
+    assert buf.supply.margin() == pytest.approx(40.0)
     # Latency from a stall: speed up by more than the normal nudge, never past the cap.
     assert clock.effective_fps() == pytest.approx(20 * (1 + EmissionClock.MAX_CATCH_UP))
     assert EmissionClock.MAX_CATCH_UP <= 0.25
@@ -747,5 +747,5 @@ def test_cushion_stays_bounded():
             buf.take()
         buf.record_emit([FrameItem(video={})] * 12, None)
         buf.put_nowait([FrameItem(video={})] * 12)
-    assert buf.margin_spread() > buf.capacity / 4 / EmissionClock.SPREAD_FACTOR
+    assert buf.supply.spread() > buf.capacity / 4 / EmissionClock.SPREAD_FACTOR
     assert clock.margin_goal() == EmissionClock.MARGIN_GOAL + buf.capacity / 4

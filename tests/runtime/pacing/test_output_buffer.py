@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
+from reactor_serve.runtime.pacing.supply_margin import SupplyMargin
 
 WAIT = 10.0  # generous: only a broken wakeup takes anywhere near this long
 
@@ -104,7 +105,7 @@ def test_put_nowait_empty_list():
     buf = OutputBuffer(2, 30)
     assert buf.put_nowait([]) == 0
     assert buf.depth() == 0
-    assert buf.margin() is None
+    assert buf.supply.margin() is None
 
 
 def test_take_never_waits_and_is_fifo():
@@ -414,9 +415,9 @@ def test_flush_resets_margin():
     buf.put_nowait(_items(3))
     clock.t = 5.0
     buf.put_nowait(_items(1))
-    assert buf.margin() is not None
+    assert buf.supply.margin() is not None
     buf.flush()
-    assert buf.margin() is None
+    assert buf.supply.margin() is None
 
 
 def test_restart_flushes_and_restarts_rate():
@@ -435,7 +436,7 @@ def test_restart_flushes_and_restarts_rate():
 
 
 def test_margin_none_before_any_put():
-    assert OutputBuffer(4, 30).margin() is None
+    assert OutputBuffer(4, 30).supply.margin() is None
 
 
 def test_margin_samples_depth_before_the_put():
@@ -443,29 +444,29 @@ def test_margin_samples_depth_before_the_put():
     buf = OutputBuffer(16, 30, clock=clock)
     buf.put_nowait(_items(3))
     # First sample: the queue was empty (and never ran dry): margin 0, not 3.
-    assert buf.margin() == pytest.approx(0.0)
+    assert buf.supply.margin() == pytest.approx(0.0)
     clock.t = 100.0  # long enough that the new sample replaces the old one
     buf.put_nowait(_items(5))
-    assert buf.margin() == pytest.approx(3.0)  # depth before, not 8 after
+    assert buf.supply.margin() == pytest.approx(3.0)  # depth before, not 8 after
     clock.t = 200.0
     buf.take()
     buf.take()
     buf.put_nowait(_items(1))
-    assert buf.margin() == pytest.approx(6.0)
+    assert buf.supply.margin() == pytest.approx(6.0)
 
 
 def test_margin_is_smoothed_over_time():
     clock = SimClock()
     buf = OutputBuffer(16, 30, clock=clock)
     buf.put_nowait(_items(4))  # margin 0
-    tau = OutputBuffer.MARGIN_TIME_CONSTANT_S
+    tau = SupplyMargin.MARGIN_TIME_CONSTANT_S
     clock.t = tau
     buf.put_nowait(_items(1))  # sample 4, one time constant later
-    assert buf.margin() == pytest.approx(4.0 * (1 - math.exp(-1)))
+    assert buf.supply.margin() == pytest.approx(4.0 * (1 - math.exp(-1)))
     # A sample at the same instant moves nothing.
-    before = buf.margin()
+    before = buf.supply.margin()
     buf.put_nowait(_items(1))
-    assert buf.margin() == pytest.approx(before)
+    assert buf.supply.margin() == pytest.approx(before)
 
 
 def test_margin_negative_after_underruns():
@@ -477,11 +478,11 @@ def test_margin_negative_after_underruns():
     assert buf.take() is None
     clock.t = 100.0
     buf.put_nowait(_items(2))
-    assert buf.margin() == pytest.approx(-2.0)
+    assert buf.supply.margin() == pytest.approx(-2.0)
     # Underruns are counted per put: the next put with frames still queued is positive.
     clock.t = 200.0
     buf.put_nowait(_items(1))
-    assert buf.margin() == pytest.approx(2.0)
+    assert buf.supply.margin() == pytest.approx(2.0)
 
 
 def test_first_arrival_of_a_session_is_no_stall():
@@ -492,13 +493,13 @@ def test_first_arrival_of_a_session_is_no_stall():
     for _ in range(20):
         assert buf.take() is None
     buf.put_nowait(_items(2))
-    assert buf.margin() == pytest.approx(0.0)
+    assert buf.supply.margin() == pytest.approx(0.0)
     buf.flush()
     for _ in range(5):
         assert buf.take() is None
     clock.t = 100.0
     buf.put_nowait(_items(1))
-    assert buf.margin() == pytest.approx(0.0)
+    assert buf.supply.margin() == pytest.approx(0.0)
 
 
 def test_margin_counts_underruns_since_last_put_only():
@@ -509,11 +510,11 @@ def test_margin_counts_underruns_since_last_put_only():
     buf.take()  # one underrun
     clock.t = 100.0
     buf.put_nowait(_items(1))
-    assert buf.margin() == pytest.approx(-1.0)
+    assert buf.supply.margin() == pytest.approx(-1.0)
     clock.t = 200.0
     buf.take()
     buf.put_nowait(_items(1))  # ran to empty exactly, no underrun
-    assert buf.margin() == pytest.approx(0.0)
+    assert buf.supply.margin() == pytest.approx(0.0)
 
 
 def test_margin_floor_bounds_long_stalls():
@@ -524,8 +525,8 @@ def test_margin_floor_bounds_long_stalls():
         buf.take()
     clock.t = 100.0
     buf.put_nowait(_items(1))
-    assert buf.margin() == pytest.approx(OutputBuffer.MARGIN_FLOOR)
-    assert OutputBuffer.MARGIN_FLOOR < 0
+    assert buf.supply.margin() == pytest.approx(SupplyMargin.MARGIN_FLOOR)
+    assert SupplyMargin.MARGIN_FLOOR < 0
 
 
 def test_underruns_not_counted_while_monitoring_disabled():
@@ -536,7 +537,7 @@ def test_underruns_not_counted_while_monitoring_disabled():
         buf.take()
     buf.rate.set_monitoring(True, 0.0)
     buf.put_nowait(_items(1))
-    assert buf.margin() == pytest.approx(0.0)
+    assert buf.supply.margin() == pytest.approx(0.0)
 
 
 def test_flush_clears_pending_underruns():
@@ -546,7 +547,7 @@ def test_flush_clears_pending_underruns():
     buf.take()
     buf.flush()
     buf.put_nowait(_items(1))
-    assert buf.margin() == pytest.approx(0.0)
+    assert buf.supply.margin() == pytest.approx(0.0)
 
 
 def test_margin_counts_the_time_to_the_next_tick():
@@ -555,20 +556,20 @@ def test_margin_counts_the_time_to_the_next_tick():
     clock = SimClock()
     buf = OutputBuffer(16, 20, clock=clock)
     clock.t = 10.0
-    buf.note_next_tick(10.0125, 0.05)
+    buf.supply.note_next_tick(10.0125, 0.05)
     buf.put_nowait(_items(2))
-    assert buf.margin() == pytest.approx(0.25)
+    assert buf.supply.margin() == pytest.approx(0.25)
     clock.t = 100.0
-    buf.note_next_tick(100.0125, 0.05)
+    buf.supply.note_next_tick(100.0125, 0.05)
     buf.put_nowait(_items(1))
-    assert buf.margin() == pytest.approx(2.25)
+    assert buf.supply.margin() == pytest.approx(2.25)
     # A consumer running late (its next slot already past) counts no fraction.
     clock.t = 200.0
-    buf.note_next_tick(199.9, 0.05)
+    buf.supply.note_next_tick(199.9, 0.05)
     for _ in range(3):
         buf.take()
     buf.put_nowait(_items(1))
-    assert buf.margin() == pytest.approx(0.0)
+    assert buf.supply.margin() == pytest.approx(0.0)
 
 
 def _steady_blocks(buf: OutputBuffer, clock: SimClock, blocks: int, frame_by_frame: bool,
@@ -580,14 +581,14 @@ def _steady_blocks(buf: OutputBuffer, clock: SimClock, blocks: int, frame_by_fra
     for k in range(blocks):
         arrival = 0.5 * k + (late or {}).get(k, 0.0)
         clock.t = arrival
-        buf.note_next_tick(0.5 * k + 0.01, tick)
+        buf.supply.note_next_tick(0.5 * k + 0.01, tick)
         if frame_by_frame:
             for n, item in enumerate(_items(12)):
                 clock.t = arrival + n * 0.0005
                 buf.put_nowait([item])
         else:
             buf.put_nowait(_items(12))
-        margins.append(buf.margin())
+        margins.append(buf.supply.margin())
         for _ in range(12):
             buf.take()
     return margins
@@ -601,7 +602,7 @@ def test_a_steady_block_producer_shows_a_steady_margin_and_no_spread(frame_by_fr
     buf = OutputBuffer(24, 24, clock=clock)
     margins = _steady_blocks(buf, clock, 20, frame_by_frame)
     assert margins[-1] == pytest.approx(0.24)  # 10 ms of a 41.7 ms tick
-    assert buf.margin_spread() == pytest.approx(0.0, abs=1e-9)
+    assert buf.supply.spread() == pytest.approx(0.0, abs=1e-9)
 
 
 def test_spread_measures_late_arrivals():
@@ -609,7 +610,7 @@ def test_spread_measures_late_arrivals():
     buf = OutputBuffer(24, 24, clock=clock)
     # The same schedule, with a block now and then 20 ms (half a frame) late.
     _steady_blocks(buf, clock, 30, False, late={k: 0.02 for k in range(6, 30, 4)})
-    assert buf.margin_spread() > 0.1
+    assert buf.supply.spread() > 0.1
 
 
 def test_a_sessions_irregular_start_is_not_read_as_jitter():
@@ -618,7 +619,7 @@ def test_a_sessions_irregular_start_is_not_read_as_jitter():
     clock = SimClock()
     buf = OutputBuffer(24, 24, clock=clock)
     _steady_blocks(buf, clock, 30, False, late={1: 0.03, 2: -0.02, 3: 0.01})
-    assert buf.margin_spread() == pytest.approx(0.0, abs=1e-9)
+    assert buf.supply.spread() == pytest.approx(0.0, abs=1e-9)
 
 
 def test_spread_ignores_how_the_consumer_paces():
@@ -631,8 +632,8 @@ def test_spread_ignores_how_the_consumer_paces():
         buf.put_nowait(_items(12))
         while buf.depth() > k % 3:  # 0, 1 or 2 frames left over
             buf.take()
-    assert 0.5 < buf.margin() < 2.0
-    assert buf.margin_spread() == pytest.approx(0.0, abs=1e-9)
+    assert 0.5 < buf.supply.margin() < 2.0
+    assert buf.supply.spread() == pytest.approx(0.0, abs=1e-9)
 
 
 @pytest.mark.parametrize("declared", [True, False])
@@ -651,17 +652,17 @@ def test_a_declared_pause_is_no_lateness(declared):
         while buf.depth():
             buf.take()
     if declared:
-        assert buf.margin_spread() == pytest.approx(0.0, abs=1e-9)
+        assert buf.supply.spread() == pytest.approx(0.0, abs=1e-9)
     else:
-        assert buf.margin_spread() > 1.0
+        assert buf.supply.spread() > 1.0
 
 
 def test_arrival_rate_is_what_the_producer_delivers():
     clock = SimClock()
     buf = OutputBuffer(24, 30, clock=clock)
-    few = OutputBuffer.PACE_MIN_ARRIVALS
+    few = SupplyMargin.PACE_MIN_ARRIVALS
     for k in range(few):
-        assert buf.arrival_rate() is None  # too few arrivals to fit a line through
+        assert buf.supply.arrival_rate() is None  # too few arrivals to fit a line through
         clock.t = 0.5 * k
         buf.record_emit(_items(12), 0.45)  # compute_time that reads 10 % high
         buf.put_nowait(_items(12))
@@ -674,20 +675,20 @@ def test_arrival_rate_is_what_the_producer_delivers():
         while buf.depth():
             buf.take()
     assert buf.rate.rate() == pytest.approx(12 / 0.45)
-    assert buf.arrival_rate() == pytest.approx(24.0, rel=0.02)
+    assert buf.supply.arrival_rate() == pytest.approx(24.0, rel=0.02)
     buf.flush()
     clock.t = 100.0
     buf.put_nowait(_items(12))
-    assert buf.arrival_rate() is None
+    assert buf.supply.arrival_rate() is None
 
 
 def test_flush_resets_the_spread():
     clock = SimClock()
     buf = OutputBuffer(24, 24, clock=clock)
     _steady_blocks(buf, clock, 30, False, late={k: 0.02 for k in range(6, 30, 4)})
-    assert buf.margin_spread() > 0.1
+    assert buf.supply.spread() > 0.1
     buf.flush()
-    assert buf.margin_spread() == 0.0
+    assert buf.supply.spread() == 0.0
 
 
 def test_full_put_takes_no_margin_sample():
@@ -696,7 +697,7 @@ def test_full_put_takes_no_margin_sample():
     buf.put_nowait(_items(2))  # margin 0
     clock.t = 100.0
     assert buf.put_nowait(_items(1)) == 0
-    assert buf.margin() == pytest.approx(0.0)
+    assert buf.supply.margin() == pytest.approx(0.0)
 
 
 # ---- counters -------------------------------------------------------------------------
