@@ -104,6 +104,31 @@ class RayServe:
         ray.shutdown()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ray_auth_token(tmp_path_factory):
+    """A Ray auth token of the test session's own, for every Ray the tests start in
+    this process or its children. Without one, Ray 2.60's `ray.init()` writes a new
+    token into the user's ~/.ray, and a later run (or `ray start`) silently relies on
+    it: a fresh machine then fails where this one passed. (tests/local_cluster.py
+    gives each of its clusters a token of its own on top.)"""
+    import os
+    import secrets
+
+    path = tmp_path_factory.mktemp("ray-auth") / "auth_token"
+    path.write_text(secrets.token_hex(32))
+    path.chmod(0o600)
+    saved = {name: os.environ.get(name) for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
+    # RAY_AUTH_TOKEN, where the user has one, would win over the path.
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
+    yield path
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="session")
 def ray_serve():
     cluster = RayServe()

@@ -178,6 +178,10 @@ class IngressSessions:
             # Claimed in the same write: this ingress replica holds the slot wait.
             record.update(holder=self._me, holder_namespace=SERVE_ACTOR_NAMESPACE,
                           queued_at=time.time())
+            # Published before the record says the session waits, so that no poll, on
+            # any ingress replica, finds a wait without a position.
+            position = len(self._queue) + 1
+            await self._directory.put_position(session_id, position, self._eta(position))
         await self._directory.put(session_id, record)
         if admit:
             self._admit(session_id, claimed=True)
@@ -552,8 +556,10 @@ class IngressSessions:
 
     def _leave_queue(self, session_id: str) -> None:
         if session_id in self._queue:
+            # Its published position stays until the record goes (the directory drops
+            # both): a poll that read the record while it still waited reads the
+            # position after it, maybe after the wait ended.
             self._queue.remove(session_id)
-            self._spawn(self._directory.drop_position(session_id))
             waited = time.monotonic() - self._queued_at.pop(session_id, time.monotonic())
             self._recent_wait_s = (
                 waited if self._recent_wait_s is None else 0.7 * self._recent_wait_s + 0.3 * waited

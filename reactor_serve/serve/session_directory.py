@@ -100,6 +100,7 @@ class SessionDirectory:
     async def delete(self, session_id: str) -> None:
         await asyncio.to_thread(_kv()._internal_kv_del, self._key(session_id),
                                 namespace=_NAMESPACE)
+        await self.drop_position(session_id)
 
     async def records(self) -> dict[str, SessionRecord]:
         """Every record of the application, for operators and shutdown: O(sessions),
@@ -138,7 +139,9 @@ class SessionDirectory:
     #
     # Under keys of their own: the ingress replica holding a wait rewrites them as the
     # queue moves, and a read-modify-write of the session's record at that moment
-    # could undo the replica placing the session.
+    # could undo the replica placing the session. A session's position is written
+    # before its record first says it waits and is dropped only with the record, so
+    # whoever reads a waiting record finds a position after it.
 
     async def put_position(self, session_id: str, position: int, eta_s: float | None) -> None:
         data = json.dumps({"position": position, "eta_s": eta_s}).encode()

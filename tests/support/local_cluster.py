@@ -26,7 +26,7 @@ import httpx
 import yaml
 from paths import ROOT
 
-__all__ = ["LocalCluster", "ray_auth_headers", "write_project"]
+__all__ = ["LocalCluster", "write_project"]
 
 _RAY = str(Path(sys.executable).parent / "ray")
 _REACTOR = str(Path(sys.executable).parent / "reactor")
@@ -36,15 +36,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def ray_auth_headers() -> dict[str, str]:
-    """The bearer token Ray 2.60's token authentication wants, where it has one."""
-    token = os.environ.get("RAY_AUTH_TOKEN")
-    if not token:
-        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-        token = path.read_text().strip() if path.is_file() else ""
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 class LocalCluster:
@@ -61,10 +52,17 @@ class LocalCluster:
         self.head_cpus = head_cpus
         self.worker_types = worker_types
         self.idle_timeout_s = idle_timeout_s
-        # Ray 2.60 turns token authentication on for a new head; every process that
-        # joins it (worker nodes, `reactor deploy`) must present the token too.
-        self.env = dict(os.environ, RAY_AUTH_MODE="token", **(env or {}))
         self.temp_dir = Path(f"/tmp/rc-{secrets.token_hex(3)}")
+        # Ray 2.60 turns token authentication on for a new head; every process that
+        # joins it (worker nodes, `reactor deploy`) must present the token too. The
+        # cluster's own token, in its own temp dir: the user's ~/.ray may hold none
+        # (a fresh machine) or another cluster's, and is never written. An inherited
+        # RAY_AUTH_TOKEN would win over the path, so it is left out.
+        self.token = secrets.token_hex(32)
+        self.token_path = self.temp_dir / "auth_token"
+        inherited = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
+        self.env = {**inherited, "RAY_AUTH_MODE": "token",
+                    "RAY_AUTH_TOKEN_PATH": str(self.token_path), **(env or {})}
         self.gcs_port = _free_port()
         self.dashboard_port = _free_port()
         self.http_port = _free_port()
@@ -86,6 +84,8 @@ class LocalCluster:
 
     def start(self) -> None:
         self.temp_dir.mkdir(parents=True)
+        self.token_path.write_text(self.token)
+        self.token_path.chmod(0o600)
         cmd = [
             _RAY, "start", "--head", f"--port={self.gcs_port}",
             f"--num-cpus={self.head_cpus}", "--num-gpus=0",
@@ -101,7 +101,7 @@ class LocalCluster:
             cmd.append(f"--autoscaling-config={config}")
             # The fake provider refuses to run without it; 1 s autoscaler ticks.
             env.update(RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1")
-        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=120)
+        _ray_start(cmd, env)
         self.wait_for(lambda: len(self.alive_nodes()) >= 1, 60, "the head node")
 
     def add_node(self, *, cpus: float, gpus: float, env: dict[str, str] | None = None) -> None:
@@ -112,8 +112,7 @@ class LocalCluster:
             _RAY, "start", f"--address={self.address}", f"--num-cpus={cpus}",
             f"--num-gpus={gpus}", "--disable-usage-stats", *self._node_ports(),
         ]
-        subprocess.run(cmd, env=dict(self.env, **(env or {})), check=True,
-                       capture_output=True, timeout=120)
+        _ray_start(cmd, dict(self.env, **(env or {})))
         self.wait_for(lambda: len(self.alive_nodes()) > before, 60, "the worker node")
 
     def stop(self) -> None:
@@ -131,13 +130,18 @@ class LocalCluster:
 
     # ---- what the cluster says -------------------------------------------------
 
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The bearer token the head's dashboard wants under token authentication."""
+        return {"Authorization": f"Bearer {self.token}"}
+
     def _state(self, resource: str, **filters: str) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": 1000}
         if filters:
             params.update(filter_keys=list(filters), filter_predicates=["="] * len(filters),
                           filter_values=list(filters.values()))
         response = httpx.get(f"{self.dashboard}/api/v0/{resource}", params=params,
-                             headers=ray_auth_headers(), timeout=30)
+                             headers=self.auth_headers, timeout=30)
         response.raise_for_status()
         return response.json()["data"]["result"]["result"]
 
@@ -157,7 +161,7 @@ class LocalCluster:
 
     def serve_status(self) -> dict[str, Any]:
         response = httpx.get(f"{self.dashboard}/api/serve/applications/",
-                             headers=ray_auth_headers(), timeout=30)
+                             headers=self.auth_headers, timeout=30)
         response.raise_for_status()
         return response.json()
 
@@ -265,6 +269,17 @@ def write_project(parent: Path, http_port: int, model_dir: Path, **model: Any) -
     }
     (project / "serve_config.yaml").write_text(yaml.safe_dump(config))
     return project
+
+
+def _ray_start(cmd: list[str], env: dict[str, str]) -> None:
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        # What `ray start` printed is the only clue to why (a missing token, a port
+        # taken): capture_output would otherwise leave just the exit status.
+        raise RuntimeError(
+            f"{' '.join(cmd[1:3])} exited {result.returncode}\n"
+            f"--- stderr ---\n{result.stderr[-4000:]}\n--- stdout ---\n{result.stdout[-2000:]}"
+        )
 
 
 def _processes():
