@@ -109,7 +109,7 @@ def ray_auth_token(tmp_path_factory):
     """A Ray auth token of the test session's own, for every Ray the tests start in
     this process or its children. Without one, Ray 2.60's `ray.init()` writes a new
     token into the user's ~/.ray, and a later run (or `ray start`) silently relies on
-    it: a fresh machine then fails where this one passed. (tests/local_cluster.py
+    it: a fresh machine then fails where this one passed. (tests/support/local_cluster.py
     gives each of its clusters a token of its own on top.)"""
     import os
     import secrets

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from reactor_serve.serve import serve_backend
-from reactor_serve.serve.serve_backend import ServeBackend
-from reactor_serve.webrtc.backend import OfferRejected, SessionState
+from reactor_serve.protocol.errors import OfferRejected
+from reactor_serve.serve import ingress_sessions
+from reactor_serve.serve.ingress_sessions import IngressSessions
+from reactor_serve.sessions.contract import SessionState
 
 MODEL = "gradient"
 
@@ -138,13 +139,13 @@ async def ingresses(monkeypatch):
     """Ingress replicas `ingress-a` and `ingress-b` over one directory and one model."""
     directory = SharedDirectory()
     model = FullModel()
-    made: list[ServeBackend] = []
+    made: list[IngressSessions] = []
 
-    def ingress(name: str) -> ServeBackend:
+    def ingress(name: str) -> IngressSessions:
         # The actor name Serve gives a replica; asking Ray for it outside one would
         # start a Ray instance.
-        monkeypatch.setattr(serve_backend, "_own_actor_name", lambda: name)
-        backend = ServeBackend(SimpleNamespace(name=MODEL), model, directory, [])
+        monkeypatch.setattr(ingress_sessions, "_own_actor_name", lambda: name)
+        backend = IngressSessions(SimpleNamespace(name=MODEL), model, directory, [])
         made.append(backend)
         return backend
 
@@ -163,7 +164,7 @@ async def new_session(directory: SharedDirectory) -> str:
     return session_id
 
 
-async def queue_status(ingress: ServeBackend, session_id: str) -> dict[str, Any]:
+async def queue_status(ingress: IngressSessions, session_id: str) -> dict[str, Any]:
     return (await ingress.poll_answer(session_id, None)).status
 
 
