@@ -164,11 +164,11 @@ class _FailingDirectory:
 async def test_an_ingress_admission_that_fails_early_leaves_no_queue_entry(monkeypatch):
     from types import SimpleNamespace
 
-    from reactor_serve.serve import serve_backend
+    from reactor_serve.serve import ingress_sessions
     from reactor_serve.serve.ingress_sessions import IngressSessions
 
     # Outside an actor: asking Ray for our name would start a local Ray.
-    monkeypatch.setattr(serve_backend, "_own_actor_name", lambda: None)
+    monkeypatch.setattr(ingress_sessions, "_own_actor_name", lambda: None)
     backend = IngressSessions(SimpleNamespace(name="gradient"), None, _FailingDirectory(), [])
     await backend._hold("a-session", claimed=False)
     assert backend._queue == [] and backend._queued_at == {}
