@@ -247,7 +247,7 @@ def test_the_model_process_dies_with_a_killed_replica_and_leaves_no_shared_memor
     script = textwrap.dedent(
         f"""
         import asyncio, sys
-        sys.path.insert(0, {str(TESTS)!r})
+        sys.path[:0] = [{str(TESTS)!r}, {str(TESTS / "support")!r}]
         from conftest import connected
         from reactor_serve.runtime.isolation.model_process import ModelProcess
         model = ModelProcess({str(model_dir)!r})
