@@ -62,7 +62,7 @@ async def _wait_replicas(app: str, deployment: str, count: int, timeout: float =
         await asyncio.sleep(0.2)
 
 
-async def _devserver_signaling(rounds: int) -> list[float]:
+async def _reactor_run_signaling(rounds: int) -> list[float]:
     import uvicorn
 
     from reactor_serve.local.app import create_app
@@ -138,7 +138,7 @@ async def measure(rounds: int) -> dict[str, Any]:
         serve.shutdown()
         ray.shutdown()
 
-    local_signaling = await _devserver_signaling(rounds)
+    local_signaling = await _reactor_run_signaling(rounds)
     sessions += rounds
     return {
         "ttff_ms_warm": round(statistics.median(warm) * 1000, 1),

@@ -20,7 +20,7 @@ and for each, summed over those processes (read from /proc):
   child_processes_left        descendant processes at the end minus before the first
                               session (a model child or encoder left behind per session)
 
-The deterministic check that no session is left behind is tests/test_session_leaks.py;
+The deterministic check that no session is left behind is tests/e2e/local/test_session_leaks.py;
 this one shows the process-level effect, and takes minutes (about 0.5-1 s a session).
 """
 

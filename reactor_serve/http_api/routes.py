@@ -15,7 +15,7 @@ request. Nothing but a session's own client learns its id: no route lists sessio
 answers for "the" session without an id.
 
 Every input is bounded and every failure a 4xx naming the problem: the bodies by
-`session_bodies`, the JSON by `bounded_json`, path parameters here. A backend's
+`bodies.py`, the JSON by `bounded_json`, path parameters here. A backend's
 `BackendError` is answered with its status (and `Retry-After` when it says when to
 retry); anything else a backend raises is a bug, logged and answered 500.
 """

@@ -6,7 +6,7 @@
   Either way the answer is 413 naming the limit.
 - The URL: path plus query string at most `max_url_bytes`, else 414.
 
-The routes then bound each field (see `session_bodies`); this layer keeps the
+The routes then bound each field (see `http_api/bodies.py`); this layer keeps the
 memory one request can take small whatever route it hits.
 """
 
