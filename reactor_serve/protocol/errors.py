@@ -14,6 +14,7 @@ __all__ = [
     "UnknownSession",
     "ViewerLimitReached",
     "ViewersUnavailable",
+    "session_ended",
 ]
 
 
@@ -31,6 +32,16 @@ class UnknownSession(BackendError):
     """No such session, or it ended (the message says which, and why it ended)."""
 
     status = 404
+
+
+def session_ended(session_id: str, reason: str | None, message: str | None) -> UnknownSession:
+    """The error for a request about a session that has ended: every backend words it
+    the same, so a client (or a person reading its log) learns why whatever it asked.
+    `reason` and `message` are the session's `sessionEnded` ones."""
+    why = reason or "unknown reason"
+    if message:
+        why += f": {message}"
+    return UnknownSession(f"session {session_id} has ended ({why})")
 
 
 class ModelBusy(BackendError):

@@ -32,6 +32,7 @@ from reactor_serve.protocol.errors import (
     OfferRejected,
     UnknownSession,
     ViewersUnavailable,
+    session_ended,
 )
 from reactor_serve.rtc.ice_servers import (
     client_ice_servers,
@@ -662,11 +663,7 @@ class IngressSessions:
 
 
 def _ended(session_id: str, record: SessionRecord) -> UnknownSession:
-    reason = record.get("end_reason") or "ended"
-    message = record.get("end_message")
-    return UnknownSession(
-        f"session {session_id} has ended: {reason}" + (f": {message}" if message else "")
-    )
+    return session_ended(session_id, record.get("end_reason"), record.get("end_message"))
 
 
 def _backend_error(error: dict[str, Any]) -> BackendError:

@@ -29,7 +29,7 @@ from typing import Any, Awaitable, Callable
 from aiortc import RTCDataChannel, RTCPeerConnection
 
 from reactor_serve.protocol import channel_codec
-from reactor_serve.protocol.errors import OfferRejected, UnknownSession
+from reactor_serve.protocol.errors import OfferRejected, session_ended
 from reactor_serve.rtc.codecs import apply_bitrate_range
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime.field_errors import command_error
@@ -146,16 +146,6 @@ class PeerSession:
             return None
         return self._timer.grace_remaining()
 
-    def ended_message(self) -> str:
-        """What a client asking about this ended session is told."""
-        reason, detail = (
-            (self.end_reason, self.end_detail) if self.end_reason else self._closing_for
-        )
-        why = reason or "unknown reason"
-        if detail:
-            why += f": {detail}"
-        return f"session {self.id} has ended ({why})"
-
     def _set_state(self, state: str) -> None:
         if state == self._state:
             return
@@ -168,7 +158,10 @@ class PeerSession:
 
     def _raise_if_ended(self) -> None:
         if self.ended.is_set() or self._closing is not None or self._finishing:
-            raise UnknownSession(self.ended_message())
+            reason, detail = (
+                (self.end_reason, self.end_detail) if self.end_reason else self._closing_for
+            )
+            raise session_ended(self.id, reason, detail)
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]

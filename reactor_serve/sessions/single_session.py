@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import itertools
 import logging
 import secrets
 import time
@@ -23,7 +22,7 @@ from reactor_serve.protocol.errors import (
     ModelUnavailable,
     NegotiationFailed,
     UnknownSession,
-    ViewersUnavailable,
+    session_ended,
 )
 from reactor_serve.rtc.ice_servers import client_ice_servers, session_ice_servers
 from reactor_serve.rtc.node_network import with_node_network
@@ -37,6 +36,8 @@ from reactor_serve.sessions.contract import (
     SessionState,
     mask_session_id,
 )
+from reactor_serve.sessions.negotiations import Negotiations
+from reactor_serve.sessions.viewers.links import ViewerLinks
 
 if TYPE_CHECKING:
     from reactor_serve.rtc.settings import WebRTCSettings
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from reactor_serve.sessions.peer_session import PeerSession
     from reactor_serve.sessions.viewers.room import ViewerRoom
 
-__all__ = ["SingleSessionBackend"]
+__all__ = ["HeldSession", "SingleSessionBackend"]
 
 log = logging.getLogger("reactor_serve.sessions.single_session")
 
@@ -61,36 +62,34 @@ def _default_peer_factory() -> PeerFactory:
 class _Slot:
     """One session of the SingleSessionBackend: its PeerSession and its negotiations."""
 
-    def __init__(self, info: SessionInfo, client: ClientIdentity, peer: PeerSession) -> None:
+    def __init__(
+        self,
+        info: SessionInfo,
+        client: ClientIdentity,
+        peer: PeerSession,
+        negotiations: Negotiations,
+    ) -> None:
         self.info = info
         self.client = client
         # None once the session has ended (SingleSessionBackend._release).
         self.peer: PeerSession | None = peer
-        # connection id -> the task answering that offer (result: the SDP answer); the
-        # ids only (values None) once the session has ended.
-        self.negotiations: collections.OrderedDict[int, asyncio.Task[str] | None] = (
-            collections.OrderedDict()
-        )
-        # Connection ids handed out by register_connection that got no offer yet.
-        self.registered: collections.OrderedDict[int, None] = collections.OrderedDict()
-        # Connection ids are per session, from 1: a replica re-registers a session's
-        # connections in order and expects the same ids (serve/replica.py).
-        self.ids = itertools.count(1)
-        self.latest: int | None = None
-        self.answered = False
-        self.expiry: asyncio.TimerHandle | None = None
-        self.expires_at: float | None = None
+        self.negotiations = negotiations
         self.closing: asyncio.Task[None] | None = None
 
-    def knows(self, connection_id: int) -> bool:
-        return connection_id in self.registered or connection_id in self.negotiations
+    def ended_error(self) -> UnknownSession:
+        return session_ended(self.info.session_id, self.info.end_reason, self.info.end_message)
 
-    def ended_message(self) -> str:
-        info = self.info
-        why = info.end_reason or "unknown reason"
-        if info.end_message:
-            why += f": {info.end_message}"
-        return f"session {info.session_id} has ended ({why})"
+
+@dataclasses.dataclass(frozen=True)
+class HeldSession:
+    """What the backend still holds of one session, read-only: for operators and for
+    checking that an ended session leaves nothing heavy behind."""
+
+    info: SessionInfo
+    # None once the session has ended.
+    peer: PeerSession | None
+    # The tasks answering its offers, oldest first; None for each once it has ended.
+    answering: tuple[asyncio.Task[str] | None, ...]
 
 
 class SingleSessionBackend:
@@ -103,9 +102,6 @@ class SingleSessionBackend:
     poll, offer or stop learns that the session ended and why.
     """
 
-    # Negotiations and registered connections kept per session; older ones are dropped.
-    KEEP_NEGOTIATIONS = 8
-    KEEP_REGISTERED = 16
     # Ended sessions remembered, so late polls and stops get a clear answer.
     KEEP_ENDED = 32
     # `stop_unnamed`: how recent a transport loss counts as "the client just closed",
@@ -135,8 +131,12 @@ class SingleSessionBackend:
         self._ended: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
         # Tasks we start, referenced until done (the loop keeps weak references).
         self._tasks: set[asyncio.Task[Any]] = set()
-        # Viewer token -> the session it watches (ViewerBackend).
-        self._watch_tokens: dict[str, _Slot] = {}
+        self.viewer_links: ViewerLinks[_Slot] = ViewerLinks(
+            _room_of,
+            lambda slot: slot is self._current and slot.closing is None,
+            max_viewers=self._settings.max_viewers,
+            model_name=host.spec.name,
+        )
 
     # ---- SessionBackend --------------------------------------------------------------
 
@@ -178,7 +178,7 @@ class SingleSessionBackend:
             )
         sid = session_id or secrets.token_urlsafe(16)
         if sid in self._ended:
-            raise UnknownSession(self._ended[sid].ended_message())
+            raise self._ended[sid].ended_error()
         info = SessionInfo(
             session_id=sid,
             state=SessionState.CREATED,
@@ -196,7 +196,9 @@ class SingleSessionBackend:
         # Start options (`record`, sessions/recording/recorder.py) travel with the peer.
         peer.extra_args = dict(extra_args)
         peer.recording_override = self.recording_override
-        slot = self._current = _Slot(info, client or ClientIdentity(""), peer)
+        slot = self._current = _Slot(
+            info, client or ClientIdentity(""), peer, Negotiations(sid, self._offer_timeout_s)
+        )
         self._arm_expiry(slot)
         return _snapshot(slot)
 
@@ -214,65 +216,34 @@ class SingleSessionBackend:
         connection_id: int | None = None,
     ) -> int:
         slot = self._live_slot(session_id)
-        if connection_id is not None and (
-            not isinstance(connection_id, int) or not slot.knows(connection_id)
-        ):
-            raise UnknownSession(f"unknown connection {connection_id!r} for session {session_id}")
+        negotiations = slot.negotiations
+        if connection_id is not None and not negotiations.knows(connection_id):
+            raise negotiations.unknown_connection(connection_id)
         # A malformed offer is refused here (400) and changes nothing: no
         # negotiation, the offer expiry keeps running.
         slot.peer.validate_offer(sdp_offer, track_mapping)
-        cid = connection_id if connection_id is not None else next(slot.ids)
-        slot.registered.pop(cid, None)
-        self._cancel_expiry(slot)
-        task = self._spawn(
-            self._negotiate(slot, sdp_offer, track_mapping, cid),
-            name=f"reactor-offer-{cid}",
+        return negotiations.offer(
+            connection_id,
+            lambda cid: self._spawn(
+                self._negotiate(slot, sdp_offer, track_mapping, cid),
+                name=f"reactor-offer-{cid}",
+            ),
         )
-        task.add_done_callback(_retrieve)
-        # The newest offer is what a poll without a connection id sees from now on, so
-        # a reconnect never hands out the previous connection's answer.
-        slot.negotiations[cid] = task
-        slot.negotiations.move_to_end(cid)
-        slot.latest = cid
-        while len(slot.negotiations) > self.KEEP_NEGOTIATIONS:
-            slot.negotiations.popitem(last=False)
-        return cid
 
     async def register_connection(self, session_id: str) -> int:
-        slot = self._live_slot(session_id)
-        cid = next(slot.ids)
-        slot.registered[cid] = None
-        while len(slot.registered) > self.KEEP_REGISTERED:
-            slot.registered.popitem(last=False)
-        return cid
+        return self._live_slot(session_id).negotiations.register()
 
     async def poll_answer(
         self, session_id: str, connection_id: int | None
     ) -> SdpAnswer | AnswerPending:
         slot = self._slot(session_id)
-        ended = slot.info.state == SessionState.ENDED
-        cid = slot.latest if connection_id is None else connection_id
-        if cid is None or cid in slot.registered:
-            if ended:
-                raise UnknownSession(slot.ended_message())
-            return AnswerPending({"status": "awaiting_offer"})
-        if cid not in slot.negotiations:
-            raise UnknownSession(f"unknown connection {cid!r} for session {session_id}")
-        task = slot.negotiations[cid]
-        if ended or task is None:
+        negotiations = slot.negotiations
+        if slot.info.state == SessionState.ENDED:
+            if connection_id is not None and not negotiations.knows(connection_id):
+                raise negotiations.unknown_connection(connection_id)
             # An answer to a session that is over would only mislead the client.
-            raise UnknownSession(slot.ended_message())
-        if not task.done():
-            return AnswerPending({"status": "pending"})
-        if task.cancelled():
-            raise NegotiationFailed("the offer was abandoned")
-        error = task.exception()
-        if error is not None:
-            # A fresh exception per poll: re-raising one object grows its traceback.
-            if isinstance(error, BackendError):
-                raise type(error)(str(error), error.retry_after_s)
-            raise NegotiationFailed(str(error))
-        return SdpAnswer(task.result(), cid)
+            raise slot.ended_error()
+        return negotiations.poll(connection_id)
 
     async def add_ice_candidates(
         self,
@@ -282,10 +253,8 @@ class SingleSessionBackend:
         is_final: bool,
     ) -> None:
         slot = self._live_slot(session_id)
-        if connection_id is not None and (
-            not isinstance(connection_id, int) or not slot.knows(connection_id)
-        ):
-            raise UnknownSession(f"unknown connection {connection_id!r} for session {session_id}")
+        if connection_id is not None and not slot.negotiations.knows(connection_id):
+            raise slot.negotiations.unknown_connection(connection_id)
         # Parsed and checked at once: a malformed candidate is a 400 and nothing of
         # its batch is kept, so it cannot poison a later offer.
         await slot.peer.add_ice_candidates(candidates, is_final, connection_id=connection_id)
@@ -348,63 +317,41 @@ class SingleSessionBackend:
     # ---- ViewerBackend: watch-only links ----------------------------------------------
 
     async def viewer_link(self, session_id: str) -> dict[str, Any]:
-        slot = self._live_slot(session_id)
-        if self._settings.max_viewers == 0:
-            raise ViewersUnavailable(
-                f"model {self.spec.name} takes no viewers (webrtc.max_viewers is 0)"
-            )
-        room = self._room(slot)
-        token = room.link()
-        self._watch_tokens[token] = slot
-        return {"viewer_token": token, "viewers": room.count, "max_viewers": room.max_viewers}
+        return self.viewer_links.mint(self._live_slot(session_id))
 
     async def revoke_viewers(self, session_id: str) -> bool:
-        slot = self._live_slot(session_id)
-        room: ViewerRoom | None = getattr(slot.peer, "viewers", None)
-        if room is None:
-            return False
-        if room.token is not None:
-            self._watch_tokens.pop(room.token, None)
-        return await room.revoke()
+        return await self.viewer_links.revoke(self._live_slot(session_id))
 
     async def watch_info(self, viewer_token: str) -> dict[str, Any]:
-        slot, room = self._watched(viewer_token)
+        slot, room = self.viewer_links.watched(viewer_token)
         return {"state": slot.info.state, "viewers": room.count, "max_viewers": room.max_viewers}
 
     async def watch_offer(
         self, viewer_token: str, sdp_offer: str, track_mapping: list[dict[str, Any]]
     ) -> int:
-        return self._watched(viewer_token)[1].offer(sdp_offer, track_mapping)
+        return self.viewer_links.watched(viewer_token)[1].offer(sdp_offer, track_mapping)
 
     async def watch_poll(self, viewer_token: str, connection_id: int) -> SdpAnswer | AnswerPending:
-        return self._watched(viewer_token)[1].poll(connection_id)
+        return self.viewer_links.watched(viewer_token)[1].poll(connection_id)
 
     async def watch_ice_servers(self, viewer_token: str) -> list[dict[str, Any]]:
-        self._watched(viewer_token)
+        self.viewer_links.watched(viewer_token)
         # Minted for the token: a TURN username never carries the session id.
         return client_ice_servers(session_ice_servers(self._settings.ice_servers, viewer_token))
 
-    def _room(self, slot: _Slot) -> ViewerRoom:
-        room: ViewerRoom | None = getattr(slot.peer, "viewers", None)
-        if room is None:
-            raise ViewersUnavailable(
-                "the session is not streaming yet: ask for a viewer link once it streams"
-            )
-        return room
-
-    def _watched(self, viewer_token: str) -> tuple[_Slot, ViewerRoom]:
-        slot = self._watch_tokens.get(viewer_token) if isinstance(viewer_token, str) else None
-        room = getattr(slot.peer, "viewers", None) if slot is not None else None
-        if (
-            slot is None or room is None or slot is not self._current
-            or slot.closing is not None or not room.admits(viewer_token)
-        ):
-            # One answer for a token never issued, revoked, or whose session ended: a
-            # viewer learns nothing about other sessions from it.
-            raise UnknownSession("unknown viewer link, or the session it watched has ended")
-        return slot, room
-
     # ---- for the Serve replica and operators ----------------------------------------
+
+    @property
+    def live_peer(self) -> PeerSession | None:
+        """The live session's PeerSession, or None with no live session."""
+        return self._current.peer if self._current is not None else None
+
+    def ended_sessions(self) -> list[HeldSession]:
+        """What is still held of the ended sessions remembered, oldest first."""
+        return [
+            HeldSession(_snapshot(slot), slot.peer, tuple(slot.negotiations.tasks()))
+            for slot in self._ended.values()
+        ]
 
     def stats(self) -> dict[str, Any]:
         """The live session's numbers (fps, queue depth, ...), or {} with none."""
@@ -464,7 +411,7 @@ class SingleSessionBackend:
     def _live_slot(self, session_id: str) -> _Slot:
         slot = self._slot(session_id)
         if slot is not self._current or slot.info.state == SessionState.ENDED:
-            raise UnknownSession(slot.ended_message())
+            raise slot.ended_error()
         if slot.closing is not None:
             raise UnknownSession(f"session {session_id} is ending")
         return slot
@@ -474,9 +421,8 @@ class SingleSessionBackend:
         if slot.info.state == SessionState.ORPHANED:
             left = slot.peer.grace_remaining()
             return None if left is None else max(1.0, round(left, 1))
-        if not slot.answered and slot.expires_at is not None:
-            return max(1.0, round(slot.expires_at - time.monotonic(), 1))
-        return None
+        left = slot.negotiations.expires_in()
+        return None if left is None else max(1.0, round(left, 1))
 
     async def _negotiate(
         self, slot: _Slot, sdp_offer: str, mapping: list[dict[str, Any]], cid: int
@@ -485,12 +431,15 @@ class SingleSessionBackend:
 
         peer = slot.peer
         if peer is None:  # the session ended before this task first ran
-            raise UnknownSession(slot.ended_message())
+            raise slot.ended_error()
         try:
             answer = await peer.answer(sdp_offer, mapping, connection_id=cid)
         except (BackendError, SessionBusy) as exc:
             # The session may still get a good offer; if none comes, let it expire.
-            if not slot.answered and slot is self._current and slot.closing is None:
+            if (
+                not slot.negotiations.answered and slot is self._current
+                and slot.closing is None
+            ):
                 self._arm_expiry(slot)
             if isinstance(exc, SessionBusy):
                 raise ModelBusy(str(exc)) from exc
@@ -503,33 +452,21 @@ class SingleSessionBackend:
             if slot.closing is None and slot.info.state != SessionState.ENDED:
                 slot.closing = self._spawn(self._finish(slot, EndReason.ERROR, message))
             raise NegotiationFailed(message) from exc
-        slot.answered = True
+        slot.negotiations.mark_answered()
         return answer
 
     def _arm_expiry(self, slot: _Slot) -> None:
-        self._cancel_expiry(slot)
-        loop = asyncio.get_running_loop()
-        slot.expires_at = time.monotonic() + self._offer_timeout_s
-        slot.expiry = loop.call_later(self._offer_timeout_s, self._expire, slot)
-
-    @staticmethod
-    def _cancel_expiry(slot: _Slot) -> None:
-        if slot.expiry is not None:
-            slot.expiry.cancel()
-        slot.expiry = slot.expires_at = None
+        slot.negotiations.arm_expiry(lambda: self._expire(slot))
 
     def _expire(self, slot: _Slot) -> None:
-        slot.expiry = slot.expires_at = None
-        if slot is not self._current or slot.answered or slot.closing is not None:
+        # The table checked that no offer was answered or is being answered.
+        if slot is not self._current or slot.closing is not None:
             return
-        if any(not task.done() for task in slot.negotiations.values()):
-            return  # its outcome re-arms the expiry if it fails
+        timeout_s = slot.negotiations.timeout_s
         log.info("session %s got no usable offer within %.0f s; ending it",
-                 mask_session_id(slot.info.session_id), self._offer_timeout_s)
+                 mask_session_id(slot.info.session_id), timeout_s)
         slot.closing = self._spawn(
-            self._finish(
-                slot, EndReason.TIMEOUT, f"no usable offer within {self._offer_timeout_s:g} s"
-            )
+            self._finish(slot, EndReason.TIMEOUT, f"no usable offer within {timeout_s:g} s")
         )
 
     async def _close(self, slot: _Slot, reason: str, message: str | None) -> None:
@@ -539,10 +476,10 @@ class SingleSessionBackend:
         await asyncio.shield(slot.closing)
 
     async def _finish(self, slot: _Slot, reason: str, message: str | None) -> None:
-        self._cancel_expiry(slot)
+        slot.negotiations.cancel_expiry()
         # Taken now: the peer's end (during its close) releases the slot, which lets
         # go of both.
-        peer, negotiations = slot.peer, list(slot.negotiations.values())
+        peer, negotiations = slot.peer, slot.negotiations.tasks()
         try:
             # The peer ends whatever it is doing, an offer being answered included,
             # and bounds every wait of its own.
@@ -579,10 +516,7 @@ class SingleSessionBackend:
         self._release(slot)
 
     def _release(self, slot: _Slot) -> None:
-        self._cancel_expiry(slot)
-        # Viewer tokens die with their session.
-        for token in [t for t, watched in self._watch_tokens.items() if watched is slot]:
-            del self._watch_tokens[token]
+        self.viewer_links.forget(slot)
         slot.info.state = SessionState.ENDED
         if self._current is slot:
             self._current = None
@@ -591,7 +525,7 @@ class SingleSessionBackend:
         # negotiations (a failed one's traceback holds the peer's frames) go now, not
         # when KEEP_ENDED newer sessions have pushed this one out.
         slot.peer = None
-        slot.negotiations = collections.OrderedDict.fromkeys(slot.negotiations)
+        slot.negotiations.release()
         self._ended[slot.info.session_id] = slot
         self._ended.move_to_end(slot.info.session_id)
         while len(self._ended) > self.KEEP_ENDED:
@@ -603,10 +537,8 @@ def _snapshot(slot: _Slot) -> SessionInfo:
     return dataclasses.replace(slot.info, extra_args=dict(slot.info.extra_args))
 
 
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    # Failures are reported through poll_answer; a client that never polls must not
-    # leave "exception was never retrieved" noise behind.
-    if not task.cancelled():
-        task.exception()
+def _room_of(slot: _Slot) -> ViewerRoom | None:
+    # A peer makes its room once it streams; an ended slot has no peer.
+    return getattr(slot.peer, "viewers", None)
 
 

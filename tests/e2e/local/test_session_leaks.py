@@ -71,9 +71,9 @@ async def _one_session(server, backend):
                         for r in client.input_latency()),
             20, "the commanded frame",
         )
-        current = backend._current
-        assert current is not None and current.peer is not None
-        parts = _parts_of(current.peer)
+        peer = backend.live_peer
+        assert peer is not None
+        parts = _parts_of(peer)
     finally:
         await client.close()
     return parts
@@ -81,7 +81,7 @@ async def _one_session(server, backend):
 
 async def _wait_idle(backend, timeout=20.0):
     deadline = time.monotonic() + timeout
-    while backend._current is not None:
+    while backend.live_sessions():
         assert time.monotonic() < deadline, "the last session did not end"
         await asyncio.sleep(0.05)
 
@@ -111,11 +111,12 @@ async def test_ended_sessions_leave_nothing_alive(monkeypatch, in_process):
         assert len(made) == SESSIONS
         assert await asyncio.to_thread(_alive, refs) == []
         # The tables that outlive a session keep nothing of it.
-        assert backend._watch_tokens == {}
-        assert len(backend._ended) == SESSIONS
-        for slot in backend._ended.values():
-            assert slot.peer is None
-            assert all(task is None for task in slot.negotiations.values())
+        assert backend.viewer_links.count == 0
+        ended = backend.ended_sessions()
+        assert len(ended) == SESSIONS
+        for held in ended:
+            assert held.peer is None
+            assert all(task is None for task in held.answering)
         if in_process:
             from reactor_serve.interface import context
 
