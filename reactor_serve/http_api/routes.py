@@ -56,7 +56,10 @@ from reactor_serve.http_api.middleware.token_auth import (
     TokenAuthMiddleware,
 )
 from reactor_serve.protocol.bounded_json import JSONBodyError, parse_json_object
-from reactor_serve.protocol.errors import BackendError
+from reactor_serve.protocol.errors import (
+    UNKNOWN_VIEWER_LINK,
+    BackendError,
+)
 from reactor_serve.sessions.contract import (
     AnswerPending,
     ClientIdentity,
@@ -410,7 +413,7 @@ def _viewer_backend(b: SessionBackend) -> ViewerBackend:
 def _viewer_token(value: str) -> str:
     # Minted like session ids; anything else names no viewer link.
     if not _SESSION_ID.fullmatch(value):
-        raise _Refused(404, "unknown viewer link, or the session it watched has ended")
+        raise _Refused(404, UNKNOWN_VIEWER_LINK)
     return value
 
 

@@ -19,7 +19,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 
-from reactor_serve.http_api.pages import PLAYER_PAGE, model_pages, page_response, wants_html
+from reactor_serve.http_api.pages import (
+    PLAYER_PAGE,
+    model_pages,
+    page_response,
+    wants_html,
+)
 from reactor_serve.http_api.routes import add_session_middleware, session_routes
 from reactor_serve.rtc.settings import WebRTCSettings, WebRTCSettingsError
 from reactor_serve.sessions.recording.settings import RecordingSettings

@@ -6,6 +6,7 @@ status, and the routes answer it as that status with the error's message (and a
 from __future__ import annotations
 
 __all__ = [
+    "UNKNOWN_VIEWER_LINK",
     "BackendError",
     "ModelBusy",
     "ModelUnavailable",
@@ -16,6 +17,10 @@ __all__ = [
     "ViewersUnavailable",
     "session_ended",
 ]
+
+# What a viewer token that was never issued, was revoked, or whose session ended is
+# told: one answer for all three, so a token reveals nothing about a session.
+UNKNOWN_VIEWER_LINK = "unknown viewer link, or the session it watched has ended"
 
 
 class BackendError(Exception):

@@ -27,9 +27,16 @@ class CachedReading(Generic[T]):
     error reaches the caller and the next `get` reads again.
     """
 
-    def __init__(self, read: Callable[[], Awaitable[T]], ttl_s: float) -> None:
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[T]],
+        ttl_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._read = read
         self._ttl_s = ttl_s
+        self._clock = clock
         self._value: T | None = None
         self._read_at: float | None = None
         # Created on first use, on the loop that uses it.
@@ -44,8 +51,8 @@ class CachedReading(Generic[T]):
             # Another caller may have read it while this one waited for the lock.
             if not self._fresh():
                 self._value = await self._read()
-                self._read_at = time.monotonic()
+                self._read_at = self._clock()
         return self._value  # type: ignore[return-value]
 
     def _fresh(self) -> bool:
-        return self._read_at is not None and time.monotonic() - self._read_at <= self._ttl_s
+        return self._read_at is not None and self._clock() - self._read_at <= self._ttl_s

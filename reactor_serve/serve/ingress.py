@@ -20,6 +20,7 @@ import logging
 from typing import Any
 from urllib.parse import quote
 
+import ray
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from ray import serve
@@ -148,11 +149,14 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
             self.app_name = serve.get_replica_context().app_name
             directory = SessionDirectory(self.app_name)
             self.backends = _live_backends()
+            # The holder named in the records of the slot waits this replica holds.
+            actor_name = ray.get_runtime_context().get_actor_name()
             for model in models:
                 manifest = load_manifest(model["path"])
                 spec = inspect_model(manifest.load_class(), model["name"])
                 self.backends[model["name"]] = IngressSessions(
-                    spec, handles[model["name"]], directory, ice_servers, metrics
+                    spec, handles[model["name"]], directory, ice_servers, metrics,
+                    actor_name=actor_name,
                 )
             # The operator's Grafana dashboard comes with the app: Ray's Grafana reads it
             # from the head node's session folder, whichever node this replica is on.

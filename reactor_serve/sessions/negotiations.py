@@ -18,7 +18,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from reactor_serve.protocol.errors import BackendError, NegotiationFailed, UnknownSession
+from reactor_serve.protocol.errors import (
+    BackendError,
+    NegotiationFailed,
+    UnknownSession,
+)
 from reactor_serve.sessions.contract import AnswerPending, SdpAnswer
 
 __all__ = ["Cancellable", "Negotiations", "ScheduleLater"]

@@ -40,8 +40,8 @@ from reactor_serve.protocol.errors import ModelBusy, OfferRejected, UnknownSessi
 from reactor_serve.rtc.settings import WebRTCSettings, WebRTCSettingsError
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.scaffold import init_model
-from reactor_serve.sessions.contract import ClientIdentity, SessionState
 from reactor_serve.sessions.candidates import parse_candidates
+from reactor_serve.sessions.contract import ClientIdentity, SessionState
 from reactor_serve.sessions.peer_session import PeerSession
 from reactor_serve.sessions.single_session import SingleSessionBackend
 

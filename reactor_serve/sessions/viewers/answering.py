@@ -28,7 +28,11 @@ from reactor_serve.runtime.loading.model_spec import ModelSpec
 from reactor_serve.sessions import inbound_channel
 from reactor_serve.sessions.contract import AnswerPending, SdpAnswer
 from reactor_serve.sessions.media_tracks import OutputFanout
-from reactor_serve.sessions.offer_answering import CheckedOffer, OfferAnswerer, check_offer
+from reactor_serve.sessions.offer_answering import (
+    CheckedOffer,
+    OfferAnswerer,
+    check_offer,
+)
 from reactor_serve.sessions.viewers.encoder_pool import EncoderPool
 from reactor_serve.sessions.viewers.shared_encoder import SharedVideoTrack
 

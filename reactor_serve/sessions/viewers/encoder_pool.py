@@ -16,7 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from reactor_serve.runtime.pacing.emission_clock import PresentedFrame
-from reactor_serve.sessions.viewers.shared_encoder import SharedEncoder, SharedVideoTrack
+from reactor_serve.sessions.viewers.shared_encoder import (
+    SharedEncoder,
+    SharedVideoTrack,
+)
 
 __all__ = ["EncoderPool"]
 

@@ -11,14 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from reactor_serve.protocol.errors import UnknownSession, ViewersUnavailable
+from reactor_serve.protocol.errors import (
+    UNKNOWN_VIEWER_LINK,
+    UnknownSession,
+    ViewersUnavailable,
+)
 
 if TYPE_CHECKING:
     from reactor_serve.sessions.viewers.room import ViewerRoom
 
-__all__ = ["UNKNOWN_VIEWER_LINK", "ViewerLinks"]
+__all__ = ["ViewerLinks"]
 
-UNKNOWN_VIEWER_LINK = "unknown viewer link, or the session it watched has ended"
 
 S = TypeVar("S")
 

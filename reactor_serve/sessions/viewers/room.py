@@ -42,7 +42,10 @@ from reactor_serve.sessions.media_tracks import OutputFanout
 from reactor_serve.sessions.offer_answering import CheckedOffer
 from reactor_serve.sessions.viewers.answering import ViewerAnswering, ViewerConnection
 from reactor_serve.sessions.viewers.encoder_pool import EncoderPool
-from reactor_serve.sessions.viewers.shared_encoder import SharedEncoder, SharedVideoTrack
+from reactor_serve.sessions.viewers.shared_encoder import (
+    SharedEncoder,
+    SharedVideoTrack,
+)
 
 __all__ = ["VIEWER_COMMAND_REFUSED", "ViewerRoom"]
 

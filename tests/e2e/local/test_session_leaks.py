@@ -162,14 +162,14 @@ class _FailingDirectory:
         pass
 
 
-async def test_an_ingress_admission_that_fails_early_leaves_no_queue_entry(monkeypatch):
+async def test_an_ingress_admission_that_fails_early_leaves_no_queue_entry():
     from types import SimpleNamespace
 
-    from reactor_serve.serve import ingress_sessions
     from reactor_serve.serve.ingress_sessions import IngressSessions
 
-    # Outside an actor: asking Ray for our name would start a local Ray.
-    monkeypatch.setattr(ingress_sessions, "_own_actor_name", lambda: None)
-    backend = IngressSessions(SimpleNamespace(name="gradient"), None, _FailingDirectory(), [])
-    await backend._hold("a-session", claimed=False)
-    assert backend._queue == [] and backend._queued_at == {}
+    # Outside an actor: no actor name.
+    backend = IngressSessions(SimpleNamespace(name="gradient"), None, _FailingDirectory(), [],
+                              actor_name=None)
+    queue = backend.admission
+    await queue.hold("a-session", claimed=False)
+    assert queue._queue == [] and queue._queued_at == {}

@@ -5,8 +5,12 @@ import secrets
 
 import pytest
 
-from reactor_serve.protocol.errors import UnknownSession, ViewersUnavailable
-from reactor_serve.sessions.viewers.links import UNKNOWN_VIEWER_LINK, ViewerLinks
+from reactor_serve.protocol.errors import (
+    UNKNOWN_VIEWER_LINK,
+    UnknownSession,
+    ViewersUnavailable,
+)
+from reactor_serve.sessions.viewers.links import ViewerLinks
 
 
 class FakeRoom:
