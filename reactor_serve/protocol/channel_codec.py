@@ -350,7 +350,7 @@ def _load_object(raw: Any, what: str) -> dict[str, Any]:
             size = len(raw.encode("utf-8"))
         except UnicodeEncodeError:
             # Lone surrogates in the frame itself: bytes that were not UTF-8 (see the
-            # transport guard in data_channel.py), not a JSON "\ud800" escape.
+            # transport guard in rtc/sctp_guard.py), not a JSON "\ud800" escape.
             raise RefusedFrame("frame is not valid UTF-8 text", RULE_UTF8) from None
         if size > MAX_MESSAGE_BYTES:
             raise RefusedFrame(

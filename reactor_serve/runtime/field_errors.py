@@ -83,8 +83,9 @@ RULE_FINITE = "finite"
 RULE_OUT_OF_RANGE = "out_of_range"
 RULE_UNICODE = "unicode"
 
-# How deep an echoed value (and a command argument, see protocol.py) may nest: deeper
-# than any real control value, and shallow enough to walk without recursion worries.
+# How deep an echoed value (and a command argument, see protocol/channel_codec.py) may
+# nest: deeper than any real control value, and shallow enough to walk without
+# recursion worries.
 MAX_DEPTH = 32
 # Integers beyond a 64-bit range are described, not echoed: JS cannot hold them exactly,
 # and past 4300 digits CPython refuses to print them.
