@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from reactor_serve.protocol.bounded_json import describe, nesting_depth
+from reactor_serve.protocol.bounded_json import describe
 from reactor_serve.protocol.ice_candidates import (
     MAX_CANDIDATE_BYTES,
     MAX_CANDIDATES,
@@ -29,6 +29,7 @@ from reactor_serve.protocol.track_mapping import (
     TrackMappingError,
     parse_track_mapping,
 )
+from reactor_serve.runtime.field_errors import value_depth
 
 __all__ = [
     "MAX_CANDIDATES",
@@ -100,8 +101,8 @@ def start_body(data: dict[str, Any] | None) -> StartBody:
         raise InvalidBody(
             f"extra_args: {size} bytes serialised, the limit is {MAX_EXTRA_ARGS_BYTES}"
         )
-    depth = nesting_depth(json.dumps(extra).encode())
-    if depth > MAX_EXTRA_ARGS_DEPTH:
+    # A value already parsed: walked, not serialised again to count its brackets.
+    if value_depth(extra, limit=MAX_EXTRA_ARGS_DEPTH) > MAX_EXTRA_ARGS_DEPTH:
         raise InvalidBody(f"extra_args: nests deeper than {MAX_EXTRA_ARGS_DEPTH} levels")
     return StartBody(extra_args=extra)
 

@@ -8,11 +8,16 @@ client that parses our echo), and `\\ud800`-style escapes that decode to lone
 surrogates (a str that cannot be encoded back to UTF-8, which fails much later, far
 from the request that carried it).
 
-The data-channel codec (`protocol`) parses its frames with the same bounded parse and
-number hooks (`loads_bounded`, `number_hooks`) under its own policy: where this module
-refuses a body with a 400, it parses a placeholder to describe in a `commandError`,
-and its limits differ. So this module imports nothing but the standard library: the
-client package, which may import `protocol`, loads it too.
+The data-channel codec (`channel_codec`) parses its frames with the same bounded parse
+and number hooks (`loads_bounded`, `number_hooks`) under its own policy: where this
+module refuses a body with a 400, it parses a placeholder to describe in a
+`commandError`, and its limits differ. Both then look for what cannot go back out as
+strict JSON with the same walk (`first_unsendable`), and word what it finds their own
+way.
+
+Two depths, measured two ways: `bracket_depth` reads raw text before it is parsed
+(the parser must not recurse into a hostile depth), `value_depth`
+(runtime/field_errors.py) walks a value already parsed.
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ import json
 import math
 import re
 from collections.abc import Callable
-from typing import Any, Literal
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any, Literal, TypeAlias
+
+from reactor_serve.runtime.field_errors import Unrepresentable, clipped, has_lone_surrogate
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -31,10 +40,13 @@ __all__ = [
     "NumberProblem",
     "ParseProblem",
     "RefusedJSON",
+    "Unsendable",
+    "UnsendableProblem",
+    "bracket_depth",
     "describe",
+    "first_unsendable",
     "json_type",
     "loads_bounded",
-    "nesting_depth",
     "number_hooks",
     "parse_json_object",
 ]
@@ -48,7 +60,8 @@ DEFAULT_MAX_INT_DIGITS = 40
 _STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"?', re.S)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _DELTA = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
-_SURROGATE = re.compile("[\ud800-\udfff]")
+# A key in a request body's error path is cut here: the path names, it does not echo.
+_MAX_PATH_KEY_CHARS = 40
 
 
 class JSONBodyError(ValueError):
@@ -75,9 +88,10 @@ NumberProblem = Literal["constant", "float", "int"]
 ParseProblem = Literal["depth", "encoding", "syntax", "number", "other"]
 
 
-def nesting_depth(raw: str | bytes) -> int:
-    """The deepest bracket nesting in `raw`, brackets inside strings not counted; for
-    valid JSON, its nesting depth. An unclosed string runs to the end.
+def bracket_depth(raw: str | bytes) -> int:
+    """The deepest bracket nesting in the text `raw`, brackets inside strings not
+    counted; for valid JSON, its nesting depth. An unclosed string runs to the end.
+    (For a value already parsed, `value_depth` of runtime/field_errors.py.)
 
     Linear in `len(raw)` and cheap: strings are cut out by one regex pass, the rest
     reduced to its brackets, and the running depth summed in C.
@@ -125,10 +139,17 @@ def parse_json_object(
     except RefusedJSON as exc:
         raise JSONBodyError(_body_problem(exc, max_depth)) from None
     if not isinstance(data, dict):
-        raise JSONBodyError(f"request body must be a JSON object, got {_json_type(data)}")
-    where = _lone_surrogate(data, "")
-    if where is not None:
-        raise JSONBodyError(f"{where or 'request body'}: contains a lone UTF-16 surrogate")
+        raise JSONBodyError(
+            f"request body must be a JSON object, got {_articled_json_type(data)}"
+        )
+    # No depth to check (the parse bounded it) and no placeholders (the hooks refused
+    # them): what is left to find is a lone surrogate.
+    found = first_unsendable(data)
+    if found is not None:
+        where = _body_path(found.path) or "request body"
+        if found.problem == "lone_surrogate_key":
+            where = f"{where} (a key)"
+        raise JSONBodyError(f"{where}: contains a lone UTF-16 surrogate")
     return data
 
 
@@ -144,7 +165,7 @@ def loads_bounded(
     """
     # Depth cannot exceed the number of opening brackets: most documents skip the scan.
     if _opening_brackets(raw) > max_depth:
-        depth = nesting_depth(raw)
+        depth = bracket_depth(raw)
         if depth > max_depth:
             raise RefusedJSON("depth", str(depth))
     try:
@@ -204,12 +225,10 @@ def describe(value: Any) -> str:
     """A short, safe description of a JSON value for an error message (never the
     whole value: it may be huge)."""
     if isinstance(value, str):
-        shown = value if len(value) <= 40 else value[:37] + "..."
-        return f"string {shown!r}"
+        return f"string {clipped(value, 40)!r}"
     if isinstance(value, bool) or value is None or isinstance(value, (int, float)):
-        text = json.dumps(value)
-        return text if len(text) <= 40 else text[:37] + "..."
-    return _json_type(value)
+        return clipped(json.dumps(value), 40)
+    return _articled_json_type(value)
 
 
 def _opening_brackets(raw: str | bytes) -> int:
@@ -253,30 +272,84 @@ _ARTICLED = {"boolean": "a boolean", "number": "a number", "string": "a string",
              "array": "an array", "object": "an object"}
 
 
-def _json_type(value: Any) -> str:
+def _articled_json_type(value: Any) -> str:
     """`json_type` as HTTP error text reads it: "got an array", "got null"."""
     name = json_type(value)
     return _ARTICLED.get(name, name)
 
 
-def _lone_surrogate(value: Any, path: str) -> str | None:
-    """The path of the first string or key with a lone surrogate, or None.
+# What `first_unsendable` found: a `Unrepresentable` placeholder the number hooks left,
+# a string or an object key holding a lone surrogate, or a container nested past the
+# depth asked for.
+UnsendableProblem = Literal["placeholder", "lone_surrogate", "lone_surrogate_key", "depth"]
 
-    Recursive: only called on data whose depth the pre-scan has bounded.
+
+@dataclass(frozen=True)
+class Unsendable:
+    """The first part of a parsed value that cannot go back out as strict JSON in
+    UTF-8. `path` is the keys and indexes down to it (for a key, to the object that
+    holds the key); `placeholder` is set for a "placeholder" problem."""
+
+    problem: UnsendableProblem
+    path: tuple[str | int, ...]
+    placeholder: Unrepresentable | None = None
+
+
+# Where a node sits in a value being walked: None for the top, else (the parent's link,
+# the key or index under the parent). Linked, not a tuple of keys, so that each step
+# costs the same at any depth; `_path_of` spells out the one path a finding needs.
+_PathLink: TypeAlias = "tuple[_PathLink, str | int] | None"
+
+
+def first_unsendable(value: Any, max_depth: int | None = None) -> Unsendable | None:
+    """The first part of the parsed `value` that is not plain JSON data, or that nests
+    deeper than `max_depth` (when given); None if all of it is.
+
+    "First" in document order, except that an object's keys are looked at before its
+    values and before its depth. Iterative: `value` may nest as deep as a parser let it.
     """
-    if isinstance(value, str):
-        return path if _SURROGATE.search(value) else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if _SURROGATE.search(key):
-                return f"{path or 'request body'} (a key)"
-            name = key if len(key) <= 40 else key[:37] + "..."
-            found = _lone_surrogate(item, f"{path}.{name}" if path else name)
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            found = _lone_surrogate(item, f"{path}[{index}]")
-            if found is not None:
-                return found
+    stack: list[tuple[Any, int, _PathLink]] = [(value, 0, None)]
+    pop, push = stack.pop, stack.extend
+    while stack:
+        node, depth, link = pop()
+        if isinstance(node, str):
+            if has_lone_surrogate(node):
+                return Unsendable("lone_surrogate", _path_of(link))
+        elif isinstance(node, dict):
+            for key in node:
+                if isinstance(key, str) and has_lone_surrogate(key):
+                    return Unsendable("lone_surrogate_key", _path_of(link))
+            if max_depth is not None and depth >= max_depth:
+                return Unsendable("depth", _path_of(link))
+            # Last child first: the stack pops last-in first, and the first problem in
+            # document order is the one to name. Zipped rather than looped over, so a
+            # wide value costs little more to walk than it did to parse.
+            push(zip(reversed(node.values()), repeat(depth + 1), zip(repeat(link), reversed(node))))
+        elif isinstance(node, list):
+            if max_depth is not None and depth >= max_depth:
+                return Unsendable("depth", _path_of(link))
+            indexes = range(len(node) - 1, -1, -1)
+            push(zip(reversed(node), repeat(depth + 1), zip(repeat(link), indexes)))
+        elif isinstance(node, Unrepresentable):
+            return Unsendable("placeholder", _path_of(link), node)
     return None
+
+
+def _path_of(link: _PathLink) -> tuple[str | int, ...]:
+    path: list[str | int] = []
+    while link is not None:
+        link, key = link
+        path.append(key)
+    return tuple(reversed(path))
+
+
+def _body_path(path: tuple[str | int, ...]) -> str:
+    """`path` as a client writes it: `extra_args.prompts[2]`; "" for the top."""
+    text = ""
+    for key in path:
+        if isinstance(key, int):
+            text = f"{text}[{key}]"
+        else:
+            name = clipped(key, _MAX_PATH_KEY_CHARS)
+            text = f"{text}.{name}" if text else name
+    return text

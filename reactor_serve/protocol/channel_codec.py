@@ -23,9 +23,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from reactor_serve.protocol.bounded_json import (  # stdlib only: the client imports us
+from reactor_serve.protocol.bounded_json import (
     NumberProblem,
     RefusedJSON,
+    first_unsendable,
     json_type,
     loads_bounded,
     number_hooks,
@@ -38,6 +39,7 @@ from reactor_serve.runtime.field_errors import (
     RULE_OUT_OF_RANGE,
     RULE_UNICODE,
     Unrepresentable,
+    clipped,
     describe_value,
     has_lone_surrogate,
 )
@@ -144,12 +146,12 @@ def decode(raw: str | bytes) -> Inbound:
         raise ProtocolError('envelope has no "data" (it holds the message type)')
     inner = envelope["data"]
     if not isinstance(inner, dict):
-        raise ProtocolError(f'envelope "data" must be an object, got {_json_type(inner)}')
+        raise ProtocolError(f'envelope "data" must be an object, got {_type_or_placeholder(inner)}')
     type_ = inner.get("type")
     if type_ is None:
         raise ProtocolError('message has no "type"')
     if not isinstance(type_, str):
-        raise ProtocolError(f'message "type" must be a string, got {_json_type(type_)}')
+        raise ProtocolError(f'message "type" must be a string, got {_type_or_placeholder(type_)}')
     if not type_:
         raise ProtocolError('message "type" is empty')
     if has_lone_surrogate(type_):
@@ -368,7 +370,7 @@ def _load_object(raw: Any, what: str) -> dict[str, Any]:
             ) from None
         raise ProtocolError(f"invalid JSON: {exc.detail}") from None
     if not isinstance(value, dict):
-        raise ProtocolError(f"{what} must be a JSON object, got {_json_type(value)}")
+        raise ProtocolError(f"{what} must be a JSON object, got {_type_or_placeholder(value)}")
     return value
 
 
@@ -394,31 +396,18 @@ _NUMBER_HOOKS = number_hooks(_MAX_INT_DIGITS, _unrepresentable, max_int=MAX_INT)
 def _first_problem(value: Any, max_depth: int) -> tuple[str, str] | None:
     """(rule, description) of the first part of `value` that is not plain JSON data
     (a placeholder, a string or key with a lone surrogate) or that nests deeper than
-    `max_depth`; None if all is well. Iterative: `value` may nest MAX_PARSE_DEPTH deep."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, Unrepresentable):
-            return item.rule, item.description
-        if isinstance(item, str):
-            if has_lone_surrogate(item):
-                return RULE_UNICODE, LONE_SURROGATE
-            continue
-        if isinstance(item, dict):
-            children: Any = item.values()
-            for key in item:
-                if has_lone_surrogate(key):
-                    return RULE_UNICODE, f"a key {LONE_SURROGATE}"
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth + 1 > max_depth:
-            return f"max_depth={MAX_DEPTH}", f"a value nested more than {MAX_DEPTH} deep"
-        # Reversed: the stack pops last-in first, and the first problem in document
-        # order is the one to name.
-        stack.extend((child, depth + 1) for child in reversed(list(children)))
-    return None
+    `max_depth`; None if all is well. A depth is named by the rule a value breaks
+    (MAX_DEPTH), whatever levels of envelope `max_depth` allows for above it."""
+    found = first_unsendable(value, max_depth)
+    if found is None:
+        return None
+    if found.placeholder is not None:
+        return found.placeholder.rule, found.placeholder.description
+    if found.problem == "lone_surrogate":
+        return RULE_UNICODE, LONE_SURROGATE
+    if found.problem == "lone_surrogate_key":
+        return RULE_UNICODE, f"a key {LONE_SURROGATE}"
+    return f"max_depth={MAX_DEPTH}", f"a value nested more than {MAX_DEPTH} deep"
 
 
 def _check_command(envelope: dict[str, Any], inner: dict[str, Any], name: str, where: str) -> None:
@@ -433,7 +422,7 @@ def _check_command(envelope: dict[str, Any], inner: dict[str, Any], name: str, w
     args = inner.get("data")
     if args is not None and not isinstance(args, dict):
         errors.append({"field": None, "rule": "type=object", "value": describe_value(args),
-                       "text": f'"data" must be an object, got {_json_type(args)}'})
+                       "text": f'"data" must be an object, got {_type_or_placeholder(args)}'})
     else:
         for key, value in (args or {}).items():
             if has_lone_surrogate(key):
@@ -460,7 +449,7 @@ def _payload(container: dict[str, Any], where: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ProtocolError(f'{where}: "data" must be an object, got {_json_type(data)}')
+        raise ProtocolError(f'{where}: "data" must be an object, got {_type_or_placeholder(data)}')
     return data
 
 
@@ -476,9 +465,9 @@ def _dumps(value: Any) -> str:
     return text
 
 
-def _json_type(value: Any) -> str:
-    # Bare names ("got array") as this codec's messages always read; a placeholder
-    # is described.
+def _type_or_placeholder(value: Any) -> str:
+    # Bare names ("got array") as this codec's messages always read, unlike the HTTP
+    # bodies' "got an array"; a placeholder is described, not typed.
     if isinstance(value, Unrepresentable):
         return value.description
     return json_type(value)
@@ -494,7 +483,7 @@ def brief(value: Any) -> str:
         text = json.dumps(value, ensure_ascii=True)
     else:
         text = json.dumps(describe_value(value), ensure_ascii=True)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return clipped(text, 40)
 
 
 _short = brief

@@ -19,13 +19,14 @@ __all__ = [
     "RULE_OUT_OF_RANGE",
     "RULE_UNICODE",
     "Unrepresentable",
+    "clipped",
     "command_error",
     "describe_value",
     "field_problems",
     "has_lone_surrogate",
-    "nesting_depth",
     "safe_text",
     "validated_section",
+    "value_depth",
 ]
 
 
@@ -82,8 +83,9 @@ RULE_FINITE = "finite"
 RULE_OUT_OF_RANGE = "out_of_range"
 RULE_UNICODE = "unicode"
 
-# How deep an echoed value (and a command argument, see protocol/channel_codec.py) may nest: deeper
-# than any real control value, and shallow enough to walk without recursion worries.
+# How deep an echoed value (and a command argument, see protocol/channel_codec.py) may
+# nest: deeper than any real control value, and shallow enough to walk without
+# recursion worries.
 MAX_DEPTH = 32
 # Integers beyond a 64-bit range are described, not echoed: JS cannot hold them exactly,
 # and past 4300 digits CPython refuses to print them.
@@ -132,9 +134,17 @@ def has_lone_surrogate(text: str) -> bool:
     return False
 
 
-def nesting_depth(value: Any, limit: int = 100_000) -> int:
-    """How deep lists and dicts nest in `value` (a scalar is 0, `[]` is 1), found without
-    recursion; stops counting past `limit` (a cyclic value reports limit + 1)."""
+def clipped(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, ending "..." where it was cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def value_depth(value: Any, limit: int = 100_000) -> int:
+    """How deep lists, tuples and dicts nest in the parsed `value` (a scalar is 0, `[]`
+    is 1); stops counting past `limit` (a cyclic value reports limit + 1).
+
+    A walk over values: for the nesting of raw JSON text before it is parsed, see
+    `reactor_serve.protocol.bounded_json.bracket_depth`."""
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
@@ -157,7 +167,7 @@ def nesting_depth(value: Any, limit: int = 100_000) -> int:
 def describe_value(value: Any) -> Any:
     """`value` as strict-JSON-safe data: itself when JSON carries it faithfully and it
     is small, else with the parts JSON cannot carry described (see above)."""
-    depth = nesting_depth(value, limit=10_000)
+    depth = value_depth(value, limit=10_000)
     if depth > MAX_DEPTH:
         return f"<nested {depth} deep>" if depth <= 10_000 else "<nested more than 10000 deep>"
     clean = _describe(value)  # recursion bounded by MAX_DEPTH, checked just above
@@ -174,7 +184,7 @@ def safe_text(text: Any, limit: int = MAX_MESSAGE_CHARS) -> str:
         text = _safe_repr(text)
     if has_lone_surrogate(text):
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clipped(text, limit)
 
 
 def command_error(command: Any, message: Any, errors: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -203,7 +213,7 @@ def _label(value: Any) -> Any:
     if isinstance(value, str):
         if has_lone_surrogate(value):
             return LONE_SURROGATE
-        return value if len(value) <= MAX_VALUE_CHARS else value[: MAX_VALUE_CHARS - 3] + "..."
+        return clipped(value, MAX_VALUE_CHARS)
     return safe_text(describe_value(value), 200)
 
 
@@ -262,4 +272,4 @@ def _safe_repr(value: Any) -> str:
         text = repr(value)
     except Exception:  # a repr that raises (or an int too long to print) is not our problem
         return f"<{type(value).__name__}>"
-    return text if len(text) <= 60 else text[:57] + "..."
+    return clipped(text, 60)
