@@ -21,6 +21,8 @@ from fake_backend import (
     FakeBackend,
     W,
     detail,
+    fake,  # noqa: F401 (fixtures)
+    http,  # noqa: F401 (fixtures)
     start,
 )
 from fastapi import FastAPI, Request

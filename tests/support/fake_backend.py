@@ -1,16 +1,24 @@
 """An in-memory `SessionBackend` for tests of the session HTTP API (the routes, and the
 middleware in front of them), with the request parts those tests send: an SDP offer,
 a track mapping, a candidate, the transport URL template, and the calls that start a
-session and read an error's detail."""
+session and read an error's detail.
+
+The fixtures `fake` (a FakeBackend) and `http` (a client of the session app over it)
+are imported by the test files that use them: a second conftest.py would shadow the
+root one's importable helpers, as both load under the module name `conftest`."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
+from asgi_calls import client
 from paths import TEST_MODELS
 
+from reactor_serve.http_api.routes import session_app
 from reactor_serve.protocol.errors import ModelBusy, OfferRejected, UnknownSession
 from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.runtime.loading.model_spec import ModelSpec, inspect_model
@@ -27,6 +35,8 @@ __all__ = [
     "FakeBackend",
     "W",
     "detail",
+    "fake",
+    "http",
     "start",
 ]
 
@@ -207,3 +217,15 @@ def detail(r: httpx.Response) -> str:
     body = r.json()
     assert isinstance(body["detail"], str), body
     return body["detail"]
+
+
+@pytest.fixture
+def fake() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+async def http(fake: FakeBackend) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the session app (all its middleware) over `fake`."""
+    async with client(session_app(lambda request: fake, server_version="9.9.9")) as c:
+        yield c

@@ -12,7 +12,11 @@ from typing import Any
 
 import pytest
 from asgi_calls import RecordingApp, call_asgi, client
-from fake_backend import detail
+from fake_backend import (
+    detail,
+    fake,  # noqa: F401 (fixtures: http needs it)
+    http,  # noqa: F401 (fixtures)
+)
 
 from reactor_serve.http_api.middleware.cors import (
     CORS_ALLOWED_HEADERS,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from asgi_calls import RecordingApp, call_asgi, client
-from fake_backend import MAPPING, OFFER
+from fake_backend import MAPPING, OFFER, fake, http  # noqa: F401 (fixtures)
 
 from reactor_serve.http_api.middleware.path_normalisation import (
     PathNormalisationMiddleware,

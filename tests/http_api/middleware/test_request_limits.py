@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from asgi_calls import RecordingApp, call_asgi, client
-from fake_backend import W, detail
+from fake_backend import W, detail, fake, http  # noqa: F401 (fixtures)
 from fastapi import FastAPI, Request
 
 from reactor_serve.http_api.middleware.request_limits import (

@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 from asgi_calls import RecordingApp, call_asgi, client
-from fake_backend import MAPPING, OFFER, FakeBackend, W, detail
+from fake_backend import (
+    MAPPING,
+    OFFER,
+    FakeBackend,
+    W,
+    detail,
+    fake,  # noqa: F401 (fixtures: http needs it)
+    http,  # noqa: F401 (fixtures)
+)
 from fastapi import FastAPI, Request
 
 from reactor_serve.http_api.middleware.token_auth import (
