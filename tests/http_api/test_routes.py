@@ -1,19 +1,32 @@
 """The session HTTP API (docs/protocol.md): its HTTP shape over a small in-test backend
 implementing `SessionBackend` (no WebRTC), then `reactor run`'s app with the real
-SingleSessionBackend."""
+SingleSessionBackend.
+
+Each middleware's own rules are tested in middleware/; here is what needs the whole
+stack: the routes mounted under a prefix or a root path, behind every middleware."""
 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
-import httpx
 import pytest
+from asgi_calls import client
+from fake_backend import (
+    CANDIDATE,
+    CLIENT,
+    GENERATOR,
+    MAPPING,
+    OFFER,
+    FakeBackend,
+    W,
+    detail,
+    fake,  # noqa: F401 (fixtures)
+    http,  # noqa: F401 (fixtures)
+    start,
+)
 from fastapi import FastAPI, Request
-from paths import TEST_MODELS
 
-from reactor_serve.http_api.pages import asset_routes
 from reactor_serve.http_api.routes import (
     add_session_middleware,
     session_app,
@@ -25,191 +38,7 @@ from reactor_serve.protocol.errors import (
     OfferRejected,
     UnknownSession,
 )
-from reactor_serve.runtime.loading.manifest import load_manifest
-from reactor_serve.runtime.loading.model_spec import inspect_model
-from reactor_serve.sessions.contract import AnswerPending, ClientIdentity, SessionInfo
-
-MODELS = TEST_MODELS / "reference"
-GENERATOR = MODELS / "generator"
-SPEC = inspect_model(load_manifest(GENERATOR).load_class(), "generator")
-OFFER = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\n"
-MAPPING = [{"mid": "0", "name": "main_video", "kind": "video", "direction": "recvonly"}]
-CANDIDATE = "candidate:1 1 udp 2122260223 192.168.1.2 54321 typ host generation 0"
-W = "/sessions/{sid}/transport/webrtc"
-# What httpx's ASGITransport reports as the client address.
-CLIENT = ClientIdentity.of("127.0.0.1", None, f"python-httpx/{httpx.__version__}")
-
-
-# --------------------------------------------------------------------------- backend
-
-
-class Answer(str):
-    """An SDP answer that carries its connection id (what a flat poll reports)."""
-
-    connection_id: int
-
-
-class FakeBackend:
-    """An in-memory SessionBackend whose answers the test hands out by hand; it records
-    every call, so a test can tell that bad input never reached it."""
-
-    def __init__(self, spec=SPEC, *, max_sessions: int = 1):
-        self._spec = spec
-        self.max_sessions = max_sessions
-        self.calls: list[tuple[str, Any]] = []
-        self.sessions: dict[str, SessionInfo] = {}
-        self.clients: dict[str, ClientIdentity] = {}
-        self.offers: dict[int, tuple[str, str, list]] = {}
-        self.registered: dict[str, set[int]] = {}
-        self.answers: dict[int, str | Exception] = {}
-        self.latest: dict[str, int] = {}
-        self.pending_status: dict[str, Any] = {"status": "queued", "position": 1, "eta_s": 3}
-        self.candidates: list[tuple[str, int | None, list, bool]] = []
-        self.healthy = True
-        self.raise_next: BaseException | None = None
-        self._n = 0
-        self._cid = 100
-
-    @property
-    def spec(self):
-        return self._spec
-
-    def _call(self, name: str, *args: Any) -> None:
-        self.calls.append((name, args))
-        if self.raise_next is not None:
-            exc, self.raise_next = self.raise_next, None
-            raise exc
-
-    def _get(self, session_id: str) -> SessionInfo:
-        try:
-            return self.sessions[session_id]
-        except KeyError:
-            raise UnknownSession(f"unknown session {session_id!r}") from None
-
-    def _live(self) -> list[SessionInfo]:
-        return [s for s in self.sessions.values() if s.state != "ended"]
-
-    async def create_session(self, extra_args, client):
-        self._call("create_session", extra_args, client)
-        if len(self._live()) >= self.max_sessions:
-            raise ModelBusy(f"model {self._spec.name} is busy with another session")
-        self._n += 1
-        info = SessionInfo(f"sess-{self._n}", "created", time.time(), dict(extra_args))
-        self.sessions[info.session_id] = info
-        self.clients[info.session_id] = client
-        return info
-
-    async def get_session(self, session_id):
-        self._call("get_session", session_id)
-        return self._get(session_id)
-
-    async def submit_offer(self, session_id, sdp_offer, track_mapping, connection_id=None):
-        self._call("submit_offer", session_id, sdp_offer, track_mapping, connection_id)
-        info = self._get(session_id)
-        if info.state == "ended":
-            raise UnknownSession(f"session {session_id} has ended")
-        if "m=" not in sdp_offer:
-            raise OfferRejected("malformed SDP offer: no m-line")
-        if connection_id is None:
-            self._cid += 1
-            connection_id = self._cid
-        elif connection_id not in self.registered.get(session_id, set()):
-            raise UnknownSession(f"unknown connection {connection_id}")
-        self.answers.pop(connection_id, None)
-        self.offers[connection_id] = (session_id, sdp_offer, track_mapping)
-        self.latest[session_id] = connection_id
-        info.state = "waiting"
-        return connection_id
-
-    async def register_connection(self, session_id):
-        self._call("register_connection", session_id)
-        self._get(session_id)
-        self._cid += 1
-        self.registered.setdefault(session_id, set()).add(self._cid)
-        return self._cid
-
-    async def poll_answer(self, session_id, connection_id):
-        self._call("poll_answer", session_id, connection_id)
-        self._get(session_id)
-        if connection_id is not None and connection_id in self.registered.get(session_id, ()):
-            if connection_id not in self.offers:
-                return AnswerPending({"status": "awaiting_offer"})
-        cid = self.latest.get(session_id) if connection_id is None else connection_id
-        if cid is None:
-            return AnswerPending({"status": "awaiting_offer"})
-        if cid not in self.offers:
-            raise UnknownSession(f"unknown connection {cid}")
-        result = self.answers.get(cid)
-        if result is None:
-            return AnswerPending(dict(self.pending_status))
-        if isinstance(result, Exception):
-            raise result
-        answer = Answer(result)
-        answer.connection_id = cid
-        return answer
-
-    async def add_ice_candidates(self, session_id, connection_id, candidates, is_final):
-        self._call("add_ice_candidates", session_id, connection_id, candidates, is_final)
-        self._get(session_id)
-        self.candidates.append((session_id, connection_id, list(candidates), is_final))
-
-    async def stop_session(self, session_id):
-        self._call("stop_session", session_id)
-        info = self._get(session_id)
-        info.state = "ended"
-        info.end_reason = "client_closed"
-
-    async def stop_unnamed(self, client):
-        self._call("stop_unnamed", client)
-        matched = [s for s in self._live() if self.clients[s.session_id] == client]
-        for info in matched:
-            info.state = "ended"
-        return len(matched)
-
-    async def describe_sessions(self):
-        self._call("describe_sessions")
-        return []
-
-    async def health(self):
-        self._call("health")
-        return {"healthy": self.healthy, "live_sessions": len(self._live())}
-
-    def ice_servers(self, session_id):
-        return [{"uris": ["stun:stun.example.org:3478"]}]
-
-    # test helpers
-    def called(self, name: str) -> list[tuple]:
-        return [args for call, args in self.calls if call == name]
-
-
-def client(app, **kwargs) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app, **kwargs), base_url="http://test"
-    )
-
-
-@pytest.fixture
-def fake():
-    return FakeBackend()
-
-
-@pytest.fixture
-async def http(fake):
-    async with client(session_app(lambda request: fake, server_version="9.9.9")) as c:
-        yield c
-
-
-async def start(http, prefix="") -> str:
-    r = await http.post(f"{prefix}/start_session", json={})
-    assert r.status_code == 200, r.text
-    return r.json()["session_id"]
-
-
-def detail(r: httpx.Response) -> str:
-    body = r.json()
-    assert isinstance(body["detail"], str), body
-    return body["detail"]
-
+from reactor_serve.sessions.contract import ClientIdentity
 
 # --------------------------------------------------------------------------- start / descriptor
 
@@ -645,38 +474,7 @@ async def test_routes_keep_no_state_between_requests(fake):
         assert (await a.post("/stop_session", json={"session_id": sid})).status_code == 200
 
 
-# --------------------------------------------------------------------------- limits
-
-
-async def test_a_declared_oversized_body_is_413_before_anything_reads_it(http, fake):
-    r = await http.post("/start_session", content=b"{" + b" " * (300 * 1024) + b"}")
-    assert r.status_code == 413
-    assert "262144 bytes" in detail(r)
-    assert fake.calls == []
-
-
-async def test_a_streamed_20_mb_body_is_refused_without_being_buffered(http, fake):
-    sent = 0
-    chunk = b" " * 65536
-
-    async def body():
-        nonlocal sent
-        for _ in range(20 * 16):  # 20 MiB, no Content-Length: chunked
-            sent += len(chunk)
-            yield chunk
-
-    r = await http.post(W.format(sid="abc") + "/sdp_params", content=body())
-    assert r.status_code == 413 and "262144 bytes" in detail(r)
-    # The server stopped reading right past the limit.
-    assert sent <= 256 * 1024 + len(chunk)
-    assert fake.calls == []
-
-
-async def test_an_overlong_url_is_414(http, fake):
-    r = await http.get(W.format(sid="s" * 17_000) + "/sdp_params")
-    assert r.status_code == 414 and "16384" in detail(r)
-    r = await http.get("/session", params={"session_id": "s" * 17_000})
-    assert r.status_code == 414
+# --------------------------------------------------------------------------- methods
 
 
 async def test_methods_not_allowed_and_unknown_paths_are_4xx(http):
@@ -687,128 +485,7 @@ async def test_methods_not_allowed_and_unknown_paths_are_4xx(http):
         assert r.headers["access-control-allow-origin"] == "*"
 
 
-# --------------------------------------------------------------------------- CORS, headers, paths
-
-
-async def test_cors_on_success_and_errors(http):
-    origin = {"Origin": "http://elsewhere.example"}
-    for r in [
-        await http.get("/health", headers=origin),
-        await http.get("/session", headers=origin),
-        await http.post("/start_session", content=b"{", headers=origin),
-        await http.post("/start_session", content=b" " * 300_000, headers=origin),
-    ]:
-        assert r.headers["access-control-allow-origin"] == "*", r.status_code
-        assert r.headers["access-control-expose-headers"] == "Retry-After"
-        assert "access-control-allow-credentials" not in r.headers
-
-
-async def test_preflight_lists_methods_and_headers_instead_of_echoing(http):
-    r = await http.options("/sessions/x/transport/webrtc/sdp_params", headers={
-        "Origin": "http://elsewhere.example",
-        "Access-Control-Request-Method": "PUT",
-        "Access-Control-Request-Headers":
-            "authorization, content-type, reactor-api-version, reactor-future-thing, x-evil",
-    })
-    assert r.status_code == 204
-    assert r.headers["access-control-allow-origin"] == "*"
-    allowed = {h.strip().lower() for h in r.headers["access-control-allow-headers"].split(",")}
-    assert {"authorization", "content-type", "reactor-api-version",
-            "reactor-api-accept-version", "reactor-webrtc-version",
-            "reactor-future-thing"} == allowed
-    methods = {m.strip() for m in r.headers["access-control-allow-methods"].split(",")}
-    assert methods == {"GET", "POST", "PUT", "DELETE", "OPTIONS"}
-    r = await http.options("/start_session", headers={
-        "Origin": "http://x", "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "*"})
-    assert "*" not in r.headers["access-control-allow-headers"]
-
-
-async def test_reactor_version_headers_and_bearer_local_ignored_without_token(http):
-    headers = {
-        "Reactor-API-Version": "1", "Reactor-API-Accept-Version": "1",
-        "Reactor-WebRTC-Version": "1.0", "Authorization": "Bearer local",
-    }
-    r = await http.post("/start_session", json={}, headers=headers)
-    assert r.status_code == 200
-    sid = r.json()["session_id"]
-    r = await http.get(W.format(sid=sid) + "/ice_servers", headers=headers)
-    assert r.status_code == 200
-
-
-async def test_doubled_slashes(http, fake):
-    # Absolute URLs: httpx reads a relative "//start_session" as a host name.
-    r = await http.post("http://test//start_session", json={})
-    assert r.status_code == 200
-    sid = r.json()["session_id"]
-    r = await http.post(f"http://test//sessions/{sid}//transport/webrtc/sdp_params",
-                        json={"sdp_offer": OFFER, "track_mapping": MAPPING})
-    assert r.status_code == 202
-    r = await http.post("http://test//stop_session", json={"session_id": sid})
-    assert r.status_code == 200 and fake.sessions[sid].state == "ended"
-
-
-def token_app(fake: FakeBackend, token: str = "s3cret") -> FastAPI:
-    app = FastAPI()
-    add_session_middleware(app, auth_token=token)
-    app.include_router(session_routes(lambda request: fake, server_version="1"))
-    app.include_router(asset_routes(""))
-
-    @app.get("/")
-    async def index() -> dict[str, str]:
-        return {"page": "index"}
-
-    return app
-
-
-async def test_token_via_header_or_path_prefix():
-    fake = FakeBackend()
-    async with client(token_app(fake)) as http:
-        for headers in ({}, {"Authorization": "Bearer local"}, {"Authorization": "Bearer nope"},
-                        {"Authorization": "s3cret"}, {"Authorization": "Basic s3cret"}):
-            r = await http.post("/start_session", json={}, headers={**headers, "Origin": "http://x"})
-            assert r.status_code == 401, headers
-            assert "Bearer" in detail(r) and r.headers["www-authenticate"] == "Bearer"
-            assert r.headers["access-control-allow-origin"] == "*"
-        assert (await http.post("/t/wrong/start_session", json={})).status_code == 401
-        assert fake.calls == []
-
-        r = await http.post("/start_session", json={}, headers={"Authorization": "Bearer s3cret"})
-        assert r.status_code == 200
-        sid = r.json()["session_id"]
-        # The JS client keeps "Bearer local" on transport routes; the path token wins.
-        r = await http.post(f"/t/s3cret//sessions/{sid}/transport/webrtc/sdp_params",
-                            json={"sdp_offer": OFFER, "track_mapping": MAPPING},
-                            headers={"Authorization": "Bearer local"})
-        assert r.status_code == 202
-        r = await http.get(f"/sessions/{sid}/transport/webrtc/sdp_params")
-        assert r.status_code == 401
-        r = await http.post("http://test//t/s3cret/stop_session", json={"session_id": sid})
-        assert r.status_code == 200
-
-
-async def test_token_allow_list_is_health_and_static_files_only():
-    fake = FakeBackend()
-    async with client(token_app(fake)) as http:
-        for path in ("/health", "/t/s3cret/health", "/t/wrong/health", "/_web/player.js"):
-            assert (await http.get(path)).status_code == 200, path
-        for path in ("/", "/docs", "/redoc", "/openapi.json", "/session?session_id=x",
-                     "/healthz", "/_web/../docs", "/sessions/x/health"):
-            assert (await http.get(path)).status_code == 401, path
-        assert (await http.get("/t/s3cret/openapi.json")).status_code == 200
-        assert (await http.get("/", headers={"Authorization": "Bearer s3cret"})).json() == {
-            "page": "index"}
-        # Preflights carry no credentials: answered before the token check.
-        r = await http.options("/start_session", headers={
-            "Origin": "http://x", "Access-Control-Request-Method": "POST"})
-        assert r.status_code == 204
-
-
-async def test_docs_under_the_token_prefix_fetch_the_schema_under_it():
-    async with client(token_app(FakeBackend())) as http:
-        r = await http.get("/t/s3cret/docs")
-        assert r.status_code == 200
-        assert "/t/s3cret/openapi.json" in r.text
+# --------------------------------------------------------------------------- the stack, mounted
 
 
 async def test_mounted_under_a_prefix_and_at_the_root():
