@@ -1,6 +1,6 @@
 """The official Reactor JS SDK, unchanged, against our servers in headless Chromium.
 
-tests/js_sdk/ pins npm `@reactor-team/js-sdk` 2.9.0 (see docs/protocol.md: the contract).
+tests/e2e/browser/js_sdk/ pins npm `@reactor-team/js-sdk` 2.9.0 (see docs/protocol.md: the contract).
 Its page, sdk_page.js, is bundled with esbuild at test time and served from its own
 origin, so the SDK's cross-origin requests to the model server go through real CORS.
 """
@@ -62,7 +62,7 @@ def sdk_page(tmp_path_factory):
     _run([str(JS_SDK / "node_modules" / ".bin" / "esbuild"), "sdk_page.js", "--bundle",
           "--format=esm", "--log-level=warning",
           '--define:process.env.NODE_ENV="production"',
-          f"--outfile={out / 'sdk_page.bundle.js'}"], "esbuild of tests/js_sdk/sdk_page.js")
+          f"--outfile={out / 'sdk_page.bundle.js'}"], "esbuild of tests/e2e/browser/js_sdk/sdk_page.js")
     shutil.copy(JS_SDK / "index.html", out / "index.html")
 
     port = free_port()
