@@ -56,8 +56,8 @@ def sdk_page(tmp_path_factory):
     if _npm_ci_needed():
         npm = shutil.which("npm")
         if npm is None:
-            pytest.fail("npm is not on PATH: it is needed to install tests/js_sdk (npm ci)")
-        _run([npm, "ci", "--no-audit", "--no-fund"], "npm ci in tests/js_sdk")
+            pytest.fail("npm is not on PATH: it is needed to install tests/e2e/browser/js_sdk (npm ci)")
+        _run([npm, "ci", "--no-audit", "--no-fund"], "npm ci in tests/e2e/browser/js_sdk")
     out = tmp_path_factory.mktemp("js_sdk_page")
     _run([str(JS_SDK / "node_modules" / ".bin" / "esbuild"), "sdk_page.js", "--bundle",
           "--format=esm", "--log-level=warning",
