@@ -107,9 +107,9 @@ class SingleSessionBackend:
     # Negotiations and registered connections kept per session; older ones are dropped.
     KEEP_NEGOTIATIONS = 8
     KEEP_REGISTERED = 16
-    # Ended sessions remembered, so late polls and stops get a clear answer.
     # How long after a session ends its freed memory is handed back to the OS.
     TRIM_DELAY_S = 0.5
+    # Ended sessions remembered, so late polls and stops get a clear answer.
     KEEP_ENDED = 32
     # `stop_unnamed`: how recent a transport loss counts as "the client just closed",
     # and how long a later one still counts as the stop's.
@@ -606,12 +606,11 @@ class SingleSessionBackend:
 
     async def _release_freed_memory(self) -> None:
         # The session's frames, encoders and connection were freed (the last of them as
-        # aiortc's closing timers run out), but glibc keeps freed memory in its heaps:
-        # frame-sized blocks it stopped mmapping once the first was freed, with small
-        # allocations landing between them, so the heaps' tops are rarely free and
-        # nothing is trimmed. That was ~200 KB of RSS a session for good (malloc's in-use
-        # bytes flat). Trimming once the session is gone hands it back; during a session
-        # the heaps are reused as they are.
+        # aiortc's closing timers run out), but glibc keeps freed memory in its heaps
+        # wherever live blocks sit above it, so a heap's top is rarely free and nothing
+        # is trimmed: ~200 KB of RSS a session for good, with malloc's in-use bytes flat
+        # (runtime/native_memory.py). Trimming once the session is gone hands it back;
+        # during a session the heaps are reused as they are.
         await asyncio.sleep(self.TRIM_DELAY_S)
         await asyncio.to_thread(release_freed_memory)
 
