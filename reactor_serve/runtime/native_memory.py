@@ -6,25 +6,23 @@ of 128 KiB or more with mmap and unmaps it at free, but that threshold is dynami
 the first such block freed raises it to the block's size, and from then on every
 frame is carved out of a heap (one per thread's arena) and, once freed, stays there.
 Small allocations land between the freed frames, so a heap's top is rarely free and
-nothing is trimmed: the heaps only grow. Measured on `reactor run` (gradient,
-640x480), over 80 sessions after a warm-up of 20: malloc's in-use bytes stayed at
-17.5 MB while its free-but-kept bytes went from 35 to 53.5 MB, about 200-450 KB of
-RSS a session for good, and `malloc_trim(0)` gave all of it back. Python objects,
-fds and threads were flat.
+nothing is trimmed: the heaps only grow, session after session, while malloc's in-use
+bytes, Python's objects, fds and threads stay flat.
 
-Two remedies, each of which alone brought the growth to about 40-60 KB a session:
+Two remedies, each of which alone keeps a long-running server flat:
 
 - `return_freed_buffers_to_os`, first thing in each process that serves sessions
   (`reactor run`, the model process, a Serve model replica, the ingress): the mmap
   and trim thresholds fixed at glibc's starting 128 KiB, which turns the dynamic
   adjustment off. A frame-sized block is then always mmapped and unmapped at free
   (a page fault per 4 KiB on first touch, small next to encoding the frame), and a
-  heap whose free top passes 128 KiB is trimmed. The warm server's RSS fell from
-  about 90 to 63 MB. An operator's own MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_
-  (glibc's environment tunables) win.
+  heap whose free top passes 128 KiB is trimmed. An operator's own
+  MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ (glibc's environment tunables) win.
 - `release_freed_memory` (`malloc_trim(0)`), run by the session backend once a
   session has ended: what the heaps hold free anyway (fragments between live blocks)
   goes back too.
+
+`benchmarks/soak.py` measures the growth per session.
 
 Elsewhere than glibc (macOS, musl) both do nothing.
 """

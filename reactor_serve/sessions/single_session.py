@@ -543,8 +543,8 @@ class SingleSessionBackend:
         # The session's frames, encoders and connection were freed (the last of them as
         # aiortc's closing timers run out), but glibc keeps freed memory in its heaps
         # wherever live blocks sit above it, so a heap's top is rarely free and nothing
-        # is trimmed: ~200 KB of RSS a session for good, with malloc's in-use bytes flat
-        # (runtime/native_memory.py). Trimming once the session is gone hands it back;
+        # is trimmed, and RSS grows with every session while malloc's in-use bytes stay
+        # flat (runtime/native_memory.py). Trimming once the session is gone hands it back;
         # during a session the heaps are reused as they are.
         await asyncio.sleep(self.TRIM_DELAY_S)
         await asyncio.to_thread(release_freed_memory)
