@@ -183,10 +183,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from reactor_serve.rtc.host_candidates import is_loopback_host
     from reactor_serve.rtc.settings import WebRTCSettingsError
     from reactor_serve.runtime.host import ModelLoadError
-    from reactor_serve.runtime.native_memory import return_freed_buffers_to_os
 
-    # Each session's freed frames go back to the OS instead of piling up in the heap.
-    return_freed_buffers_to_os()
     # A browser on this machine reaches a loopback server through 127.0.0.1, which
     # aioice leaves out of its candidates unless told otherwise.
     override = {"loopback_candidates": True} if is_loopback_host(args.host) else None

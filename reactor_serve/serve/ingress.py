@@ -31,7 +31,6 @@ from reactor_serve.http_api.routes import add_session_middleware, session_routes
 from reactor_serve.protocol import model_documents
 from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.runtime.loading.model_spec import inspect_model
-from reactor_serve.runtime.native_memory import return_freed_buffers_to_os
 from reactor_serve.runtime.session import EndReason
 from reactor_serve.serve.grafana_dashboard import install_on_head
 from reactor_serve.serve.ingress_sessions import IngressSessions
@@ -146,8 +145,6 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
             handles: dict[str, Any],
             ice_servers: list[dict[str, Any]],
         ) -> None:
-            # Freed request and response buffers go back to the OS, not into the heap.
-            return_freed_buffers_to_os()
             metrics = IngressMetrics()
             self.app_name = serve.get_replica_context().app_name
             directory = SessionDirectory(self.app_name)

@@ -30,7 +30,6 @@ from typing import Any, AsyncIterator
 from reactor_serve.protocol.errors import BackendError
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime.isolation.model_process import hosted_model
-from reactor_serve.runtime.native_memory import return_freed_buffers_to_os
 from reactor_serve.runtime.session import EndReason
 from reactor_serve.serve import metrics
 from reactor_serve.serve.session_directory import SessionDirectory
@@ -63,8 +62,6 @@ class ModelReplica:
         admission_timeout_s: float = 60.0,
         recording: dict[str, Any] | None = None,
     ) -> None:
-        # Each session's freed frames go back to the OS instead of piling up in the heap.
-        return_freed_buffers_to_os()
         self.model_name = model_name
         self._identity = _replica_identity()
         # The model runs in a process of its own (REACTOR_IN_PROCESS=1 keeps it on a

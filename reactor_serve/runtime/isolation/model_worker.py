@@ -27,7 +27,6 @@ from reactor_serve.runtime.isolation.process_channel import (
     ChannelClosed,
     ProcessChannel,
 )
-from reactor_serve.runtime.native_memory import return_freed_buffers_to_os
 from reactor_serve.runtime.session import Session
 
 __all__ = ["main"]
@@ -247,8 +246,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("model_dir")
     args = parser.parse_args(argv)
-    # Each session's freed frames go back to the OS instead of piling up in the heap.
-    return_freed_buffers_to_os()
     _die_with_parent(args.parent_pid)
     _lower_priority()
     logging.basicConfig(
