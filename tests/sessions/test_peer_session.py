@@ -73,9 +73,12 @@ async def test_video_arrives_with_its_size_and_moves(serve, gradient_dir):
     later = await frames_after(client, 10)
     assert not np.array_equal(first.image, later.image)
     assert later.pts > first.pts  # pts from the emission clock, 90 kHz
-    assert (later.pts - first.pts) / 90000 == pytest.approx(
-        (later.index - first.index) / 30, rel=0.2
-    )
+    # pts is on the 90 kHz emission clock. A loaded machine may emit slower than
+    # 30 fps or drop frames, never faster: the span is at least the frames'
+    # worth at 30 fps and at most the span they took to arrive, plus jitter.
+    span = (later.pts - first.pts) / 90000
+    assert span >= (later.index - first.index) / 30 * 0.8
+    assert span <= later.arrived_at - first.arrived_at + 1.0
     await client.close()
     await asyncio.wait_for(peer.ended.wait(), 10)
     assert peer.end_reason == "client_closed"

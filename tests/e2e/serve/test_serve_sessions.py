@@ -49,16 +49,19 @@ async def wait_until(predicate, timeout, what):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-async def frames_flow(client, seconds=1.5, at_least=15):
-    """Frames keep arriving for `seconds` (the gradient example runs at 30 fps)."""
+async def frames_flow(client, count=15, timeout=30.0):
+    """`count` more frames arrive and the session stays open.
+
+    Counted, not timed: on a loaded 2-core machine the encoder runs slower than
+    the gradient's 30 fps, and a rate would measure the machine, not the path.
+    """
     received = []
     previous = client.peer.on_video
     client.peer.on_video = received.append
     try:
-        await asyncio.sleep(seconds)
+        await wait_until(lambda: len(received) >= count, timeout, f"{count} frames")
     finally:
         client.peer.on_video = previous
-    assert len(received) >= at_least, f"only {len(received)} frames in {seconds} s"
     assert not client.closed, (client.end_reason, client.end_message)
 
 
@@ -101,8 +104,8 @@ async def test_two_ingress_replicas_a_killed_one_loses_no_session(ray_serve):
         # Every ingress replica gone at once: media never passed through them.
         for name in replica_actors("ha", "ReactorIngress"):
             kill(name)
-        await frames_flow(first, seconds=3, at_least=40)
-        await frames_flow(second, seconds=1, at_least=10)
+        await frames_flow(first, count=40)
+        await frames_flow(second, count=10)
         await wait_until(lambda: replica_states("ha", "ReactorIngress").get("RUNNING") == 2,
                          90, "Serve to restart the ingress")
         async with httpx.AsyncClient(timeout=10) as http:
@@ -143,7 +146,7 @@ async def test_changing_one_models_settings_leaves_the_other_models_sessions_ali
         await wait_until(lambda: replica_actors("change", "ReactorIngress") != ingress_before
                          and replica_states("change", "ReactorIngress").get("RUNNING") == 2,
                          120, "the ingress to be redeployed")
-        await frames_flow(client, seconds=2, at_least=30)
+        await frames_flow(client, count=30)
         await client.peer.pc.close()
         await wait_until(lambda: client.reconnects >= 1 and client.state == "streaming", 30,
                          "a reconnect after the redeploy")
