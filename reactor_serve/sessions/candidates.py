@@ -7,6 +7,11 @@ minted here); candidates for a connection whose remote description is not set ye
 held for it, and candidates naming no connection before any offer wait for the next
 offer. Every list is bounded, and only the last `keep` connections are remembered:
 a client cannot grow the session's memory by trickling.
+
+A reconnect offers again on the same connection id, and its first candidates often
+arrive before that offer: a candidate whose ICE username fragment is not the applied
+offer's belongs to an offer still on its way, and is held for it (the fragment tells
+the offers apart; candidates of an older offer are dropped when the newer one applies).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from aiortc import RTCIceCandidate, RTCPeerConnection
 from reactor_serve.protocol import ice_candidates
 from reactor_serve.protocol.errors import OfferRejected
 from reactor_serve.rtc import remote_candidates
+from reactor_serve.rtc.remote_candidates import RemoteCandidate
 
 __all__ = ["Connection", "TrickledCandidates", "add_candidate", "parse_candidates"]
 
@@ -37,7 +43,9 @@ class Connection:
     # Set once the offer is applied: from then on candidates go straight to `pc`
     # (also while the answer is still gathering).
     remote_set: bool = False
-    pending: list[RTCIceCandidate | None] = field(default_factory=list)
+    # The ICE username fragment of the offer applied to `pc`, when it has one.
+    ufrag: str | None = None
+    pending: list[RemoteCandidate] = field(default_factory=list)
 
 
 class TrickledCandidates:
@@ -49,7 +57,7 @@ class TrickledCandidates:
         self._connections: collections.OrderedDict[int, Connection] = collections.OrderedDict()
         self._latest: int | None = None
         # Candidates trickled for "the latest connection" before any offer.
-        self._early: list[RTCIceCandidate | None] = []
+        self._early: list[RemoteCandidate] = []
         # Connection ids minted here when the caller names none (negative: never one
         # a backend mints).
         self._local_ids = itertools.count(-1, -1)
@@ -68,6 +76,8 @@ class TrickledCandidates:
         now the latest; candidates sent before any offer move to it."""
         cid = connection_id if connection_id is not None else next(self._local_ids)
         conn = self._connection(cid)
+        # Offered again (a reconnect): until the new offer applies, candidates wait.
+        conn.remote_set = False
         self._latest = cid
         if self._early:
             conn.pending[:0] = self._early
@@ -75,13 +85,21 @@ class TrickledCandidates:
         return conn
 
     async def remote_set(self, conn: Connection, pc: RTCPeerConnection) -> None:
-        """`pc` has the offer: it takes the candidates held for `conn`, and later ones."""
+        """`pc` has the offer: it takes the candidates held for `conn` that belong to
+        that offer, and later ones."""
         conn.remote_set = True
+        description = pc.remoteDescription
+        conn.ufrag = remote_candidates.offer_ufrag(description.sdp) if description is not None else None
         pending, conn.pending = conn.pending, []
-        for candidate in pending:
-            await add_candidate(pc, candidate)
+        for item in pending:
+            if self._belongs(conn, item):
+                await add_candidate(pc, item.candidate)
 
-    async def add(self, candidates: list[RTCIceCandidate | None], connection_id: int | None) -> None:
+    @staticmethod
+    def _belongs(conn: Connection, item: RemoteCandidate) -> bool:
+        return item.ufrag is None or conn.ufrag is None or item.ufrag == conn.ufrag
+
+    async def add(self, candidates: list[RemoteCandidate], connection_id: int | None) -> None:
         """Checked candidates for `connection_id` (None: the latest offer's, or the next
         offer's when none came yet). Raises OfferRejected past `max_pending` held."""
         cid = connection_id if connection_id is not None else self._latest
@@ -92,8 +110,12 @@ class TrickledCandidates:
         if conn.pc is None or not conn.remote_set:
             self._hold(conn.pending, candidates)
             return
-        for candidate in candidates:
-            await add_candidate(conn.pc, candidate)
+        later = [item for item in candidates if not self._belongs(conn, item)]
+        if later:  # for an offer on this connection that has not arrived yet
+            self._hold(conn.pending, later)
+        for item in candidates:
+            if self._belongs(conn, item):
+                await add_candidate(conn.pc, item.candidate)
 
     def _connection(self, cid: int) -> Connection:
         conn = self._connections.get(cid)
@@ -109,8 +131,8 @@ class TrickledCandidates:
         target.extend(items)
 
 
-def parse_candidates(candidates: Any, is_final: bool = False) -> list[RTCIceCandidate | None]:
-    """A client's trickled candidates as RTCIceCandidates (None: end of candidates).
+def parse_candidates(candidates: Any, is_final: bool = False) -> list[RemoteCandidate]:
+    """A client's trickled candidates (a None candidate: the end of them).
 
     Checked by the same rules as the HTTP routes' (`ice_candidates`). Raises
     OfferRejected naming the first malformed one; nothing is kept then."""
