@@ -56,6 +56,7 @@ __all__ = [
     "Scope",
     "application",
     "brief",
+    "check_arguments",
     "command",
     "control_response",
     "decode",
@@ -419,7 +420,18 @@ def _check_command(envelope: dict[str, Any], inner: dict[str, Any], name: str, w
     problem = _first_problem(rest, _ENVELOPE_LEVELS)
     if problem is not None:
         errors.append({"field": None, "rule": problem[0], "value": problem[1]})
-    args = inner.get("data")
+    _raise_for(name, where, errors + _argument_problems(inner.get("data")))
+
+
+def check_arguments(name: str, args: Any, where: str) -> None:
+    """Raise BadCommand if command `name`'s decoded arguments hold anything a command
+    may not (a placeholder, a lone surrogate, nesting past MAX_DEPTH, not an object):
+    the one rule for every wire a command arrives on."""
+    _raise_for(name, where, _argument_problems(args))
+
+
+def _argument_problems(args: Any) -> list[dict[str, Any]]:
+    errors: list[dict[str, Any]] = []
     if args is not None and not isinstance(args, dict):
         errors.append({"field": None, "rule": "type=object", "value": describe_value(args),
                        "text": f'"data" must be an object, got {_type_or_placeholder(args)}'})
@@ -433,6 +445,10 @@ def _check_command(envelope: dict[str, Any], inner: dict[str, Any], name: str, w
             if rule is not None:
                 errors.append({"field": describe_value(key), "rule": rule,
                                "value": describe_value(value)})
+    return errors
+
+
+def _raise_for(name: str, where: str, errors: list[dict[str, Any]]) -> None:
     if errors:
         text = "; ".join(
             e.pop("text", None)

@@ -366,6 +366,7 @@ class ModelHost:
                     "commandError", _with_id(ticket, command_error(name, exc.message, exc.errors))
                 )
                 return
+            _accepted(session, ticket)
         superseded = None
         with self._command_lock:
             full = not setter and self._queued_commands >= self.MAX_QUEUED_COMMANDS
@@ -444,6 +445,7 @@ class ModelHost:
                 "commandError", _with_id(ticket, command_error(name, exc.message, exc.errors))
             )
             return
+        _accepted(session, ticket)
         self._driver.deliver(session, command, args, ticket)
 
     async def _run_handler(
@@ -676,6 +678,12 @@ def _legacy_defaults(model_cls: type) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the config must be a mapping at the top level")
     return data
+
+
+def _accepted(session: Session, ticket: CommandTicket | None) -> None:
+    """Tell a client that waits for it (wire v1) that its command validated."""
+    if ticket is not None and ticket.reply:
+        session.send_runtime("commandAccepted", {"id": ticket.id, "command": ticket.command})
 
 
 def _with_id(ticket: CommandTicket | None, error: dict[str, Any]) -> dict[str, Any]:

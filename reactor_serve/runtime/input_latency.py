@@ -43,6 +43,9 @@ class CommandTicket:
     command: str
     session_id: str
     arrived_at: float  # time.monotonic() when it came off the data channel
+    # The client waits for an answer naming `id` (wire v1): the host says
+    # `commandAccepted` once the command validates, as it says `commandError` if not.
+    reply: bool = False
 
 
 @dataclass(frozen=True, slots=True)

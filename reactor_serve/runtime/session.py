@@ -166,15 +166,19 @@ class Session:
         if not self.stopping and not self.ended.is_set():
             self.host.push_input(self, track, frame)
 
-    def command(self, name: str, data: Any = None, command_id: str | int | None = None) -> CommandTicket:
+    def command(
+        self, name: str, data: Any = None, command_id: str | int | None = None, *, reply: bool = False
+    ) -> CommandTicket:
         """Deliver a client command; a rejected one comes back as `commandError`.
         `command_id`: the client's id for it (checked by the protocol), else one is
-        made; the frame that answers it is reported under that id (`inputFrame`)."""
+        made; the frame that answers it is reported under that id (`inputFrame`).
+        `reply`: an accepted one comes back as `commandAccepted` too."""
         ticket = CommandTicket(
             id=f"s{next(_server_ids)}" if command_id is None else command_id,
             command=name,
             session_id=self.id,
             arrived_at=time.monotonic(),
+            reply=reply,
         )
         self.host.submit_command(self, name, {} if data is None else data, ticket)
         return ticket

@@ -39,10 +39,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reactor_serve.protocol import channel_codec, model_documents
+from reactor_serve.protocol.wire_v1 import codec as wire_v1
+from reactor_serve.protocol.wire_version import Wire, sniff
 from reactor_serve.runtime.command_queue import CommandQueue
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.log_throttle import LogThrottle
 from reactor_serve.sessions.recording.recorder import RECORDING_REQUESTS
+from reactor_serve.sessions.wire_v1_requests import WireV1Requests
 
 __all__ = [
     "COMMAND_BURST",
@@ -130,7 +133,7 @@ class InboundHandler:
         self,
         *,
         session_id: str,
-        command: Callable[[str, dict[str, Any], str | int | None], str | int | None],
+        command: Callable[..., str | int | None],
         send: Callable[[str], None],
         send_control: Callable[[str], None],
         spec: Callable[[], Any],
@@ -141,6 +144,7 @@ class InboundHandler:
         recording: Callable[[str, dict[str, Any]], None] | None = None,
         on_coalesced: Callable[[], None] | None = None,
         call_later: Callable[[float, Callable[[], None]], Any] | None = None,
+        send_frame: Callable[[str, bytes], None] | None = None,
     ) -> None:
         self.session_id = session_id
         self._command = command
@@ -170,11 +174,28 @@ class InboundHandler:
         # loop's call_later unless injected); without it they wait for the next frame.
         self._call_later = call_later or _loop_call_later
         self._release_scheduled = False
+        # Wire v1 (protocol/wire_v1): spoken where frames can be sent binary to the
+        # client; `wire` is told per connection by its first frame (None: not yet).
+        self._send_frame = send_frame
+        self.wire: Wire | None = None
+        self._v1 = WireV1Requests(self, send_frame) if send_frame is not None else None
+
+    def spec(self) -> Any:
+        """The model's spec (commands, tracks), as it is now."""
+        return self._spec()
+
+    def new_connection(self) -> None:
+        """The client connected again: its next frame tells which wire it speaks."""
+        self.wire = None
 
     def on_message(self, label: str, raw: Any) -> None:
         self.counters.frames += 1
         try:
-            if label == "control":
+            if self.wire is None:
+                self.wire = sniff(raw) if self._v1 is not None else Wire.V0
+            if self.wire is Wire.V1 and self._v1 is not None:
+                self._v1.on_message(label, raw)
+            elif label == "control":
                 self._on_control(raw)
             else:
                 self._on_data(raw)
@@ -190,15 +211,7 @@ class InboundHandler:
         try:
             message = channel_codec.decode(raw)
         except channel_codec.BadCommand as exc:
-            if not self._admit(exc.command):
-                return
-            self.counters.rejected += 1
-            error = command_error(exc.command, str(exc), exc.errors)
-            if exc.command_id is not None:
-                error["id"] = exc.command_id
-            if self._on_command is not None:
-                self._on_command(exc.command, None, error, exc.command_id)
-            self._send(channel_codec.runtime("commandError", error))
+            self.reject(exc, exc.command_id)
             return
         except channel_codec.RefusedFrame as exc:
             self._ignore("data-channel", exc)
@@ -208,26 +221,16 @@ class InboundHandler:
             self._ignore("data-channel", exc)
             return
         if message.scope == "application":
-            # Held values go first: a token they wait for is theirs before a newer
-            # command's, and an older value must never land after a newer one.
-            self._release_held()
-            setter = self._is_setter(message.type)
-            if setter and (message.type in self._held or not self.bucket.take()):
-                self._hold(message.type, message.data, message.id)
-            elif setter or self._admit(message.type):
-                self.counters.commands += 1
-                command_id = self._command(message.type, message.data, message.id)
-                if self._on_command is not None:
-                    self._on_command(message.type, message.data, None, command_id)
+            self.submit(message.type, message.data, message.id)
         elif message.type == "ping":
             pass  # liveness only, and the caller has noted it
         elif message.type == "requestSchema":
             # Answering builds a document: rate-limited like a command, silently.
-            if self._admit(None):
-                self._send(channel_codec.runtime("modelSchema", model_documents.model_schema(self._spec())))
+            if self.admit(None):
+                self.send_runtime("modelSchema", model_documents.model_schema(self._spec()))
         elif message.type == "requestCapabilities":
-            if self._admit(None):
-                self._send(channel_codec.runtime("modelCapabilities", model_documents.capabilities(self._spec())))
+            if self.admit(None):
+                self.send_runtime("modelCapabilities", model_documents.capabilities(self._spec()))
         elif message.type == "inputLatency":
             # One per answered command, each id taken once: no more than the commands
             # admitted, and as cheap to refuse as a ping, so it spends no command
@@ -238,17 +241,64 @@ class InboundHandler:
                 if why is not None:
                     log.debug("session %s: inputLatency ignored: %s", self.session_id, why)
         elif message.type in RECORDING_REQUESTS and self._recording is not None:
-            if self._admit(None):
+            if self.admit(None):
                 self._recording(message.type, message.data)
         else:
             log.debug("session %s: unhandled runtime message %s", self.session_id,
                       channel_codec.brief(message.type))
 
+    def submit(
+        self, name: str, args: dict[str, Any], command_id: str | int | None, *, reply: bool = False
+    ) -> None:
+        """A decoded command, from either wire: rate-limited, setters past the limit
+        held, the rest handed to the model session. `reply`: the client waits for an
+        answer naming `command_id` (wire v1), so every command gets one: accepted,
+        refused, or coalesced away."""
+        # Held values go first: a token they wait for is theirs before a newer
+        # command's, and an older value must never land after a newer one.
+        self._release_held()
+        setter = self._is_setter(name)
+        if setter and (name in self._held or not self.bucket.take()):
+            self._hold(name, args, command_id, reply)
+        elif setter or self.admit(name, command_id if reply else None):
+            self._hand_on(name, args, command_id, reply)
+
+    def _hand_on(self, name: str, args: dict[str, Any], command_id: str | int | None, reply: bool) -> None:
+        self.counters.commands += 1
+        if reply:
+            command_id = self._command(name, args, command_id, reply=True)
+        else:
+            command_id = self._command(name, args, command_id)
+        if self._on_command is not None:
+            self._on_command(name, args, None, command_id)
+
+    def reject(self, exc: channel_codec.BadCommand, command_id: str | int | None, *, reply: bool = False) -> None:
+        """Answer a command whose arguments cannot be accepted as sent, naming the field
+        and rule, and log it with the session's commands."""
+        if not self.admit(exc.command, command_id if reply else None):
+            return
+        self.counters.rejected += 1
+        error = command_error(exc.command, str(exc), exc.errors)
+        if command_id is not None:
+            error["id"] = command_id
+        if self._on_command is not None:
+            self._on_command(exc.command, None, error, command_id)
+        self.send_runtime("commandError", error)
+
+    def send_runtime(self, type_: str, data: dict[str, Any]) -> None:
+        """A runtime message to the client, on the wire it speaks."""
+        if self.wire is Wire.V1 and self._send_frame is not None:
+            envelope = {"scope": "runtime", "data": {"type": type_, "data": data}}
+            for label, frame in wire_v1.from_envelope(envelope):
+                self._send_frame(label, frame)
+        else:
+            self._send(channel_codec.runtime(type_, data))
+
     def _refuse_frame(self, raw: Any, exc: channel_codec.RefusedFrame) -> None:
         name, command_id = channel_codec.salvage_command(raw)
         # A token, as for any command answered here: a flood of such frames gets one
         # rate_limited error, not one error each.
-        if not self._admit(name if name is not None else "<unreadable frame>"):
+        if not self.admit(name if name is not None else "<unreadable frame>"):
             return
         self.counters.rejected += 1
         error = command_error(
@@ -258,7 +308,7 @@ class InboundHandler:
             error["id"] = command_id
         if self._on_command is not None and name is not None:
             self._on_command(name, None, error, command_id)
-        self._send(channel_codec.runtime("commandError", error))
+        self.send_runtime("commandError", error)
 
     # ---- setters past the rate limit ----------------------------------------------
 
@@ -266,23 +316,45 @@ class InboundHandler:
         command = getattr(self._spec(), "commands", {}).get(name)
         return getattr(command, "kind", None) == "setter"
 
-    def _hold(self, name: str, args: dict[str, Any], command_id: str | int | None) -> None:
+    def _hold(
+        self, name: str, args: dict[str, Any], command_id: str | int | None, reply: bool = False
+    ) -> None:
         self.counters.held += 1
-        if self._held.put((name, args, command_id), name) is not None:
+        replaced = self._held.put((name, args, command_id, reply), name)
+        if replaced is not None:
             self.counters.coalesced += 1
             if self._on_coalesced is not None:
                 self._on_coalesced()
+            if replaced[3]:
+                self._settle_replaced(*replaced[:3])
         # Logged as it arrives, like every command handed on: the log is what the
         # client sent, in order; a value coalesced away was still accepted.
         if self._on_command is not None:
             self._on_command(name, args, None, command_id)
         self._schedule_release()
 
+    def _settle_replaced(self, name: str, args: dict[str, Any], command_id: str | int | None) -> None:
+        """Answer a held setter a newer value replaced before it applied: accepted if
+        the model would have taken it (the newer value simply won), refused if not."""
+        command = getattr(self._spec(), "commands", {}).get(name)
+        try:
+            command.validate(args)
+        except Exception as exc:  # InputRejected, or a model's own validator failing
+            errors = getattr(exc, "errors", None) or [{"field": None, "rule": "invalid", "value": None}]
+            error = command_error(name, getattr(exc, "message", str(exc)), errors)
+            error["id"] = command_id
+            self.send_runtime("commandError", error)
+            return
+        self.send_runtime("commandAccepted", {"id": command_id, "command": name})
+
     def _release_held(self) -> None:
         while self._held and self.bucket.take():
-            name, args, command_id = self._held.popleft()
+            name, args, command_id, reply = self._held.popleft()
             self.counters.commands += 1
-            self._command(name, args, command_id)
+            if reply:
+                self._command(name, args, command_id, reply=True)
+            else:
+                self._command(name, args, command_id)
 
     def _schedule_release(self) -> None:
         if self._release_scheduled or not self._held:
@@ -312,7 +384,7 @@ class InboundHandler:
             return
         if request["type"] != "request":
             return  # notifications (pause/resume/unpublish) need no answer
-        if not self._admit(None):
+        if not self.admit(None):
             return
         name = request["data"].get("name")
         spec = self._spec()
@@ -329,28 +401,42 @@ class InboundHandler:
 
     # ---- shared -------------------------------------------------------------------
 
-    def _admit(self, command: str | None) -> bool:
+    def admit(self, command: str | None, request_id: str | int | None = None) -> bool:
         """Spend a token; past the limit, drop the frame and, for a command, tell the
-        client once per flood (see _limit_reported)."""
+        client once per flood (see _limit_reported). A command whose sender waits for
+        an answer naming `request_id` (wire v1) is answered each time: a waiting
+        client must never be left to time out."""
         if self.bucket.take():
             if self._limit_reported and self.bucket.full:
                 self._limit_reported = False
             return True
         self.counters.rate_limited += 1
-        if command is not None and not self._limit_reported:
+        if command is None:
+            return False
+        first = not self._limit_reported
+        if first:
             self._limit_reported = True
             _throttle.warning(
                 "session %s: more than %.0f commands/s; dropping commands until the rate falls",
                 self.session_id, self.bucket.rate,
             )
-            self._send(channel_codec.runtime("commandError", command_error(
+        if first or request_id is not None:
+            error = command_error(
                 command,
                 f"too many commands: at most {self.bucket.rate:.0f} a second (bursts of "
                 f"{self.bucket.burst:.0f}); this and later commands are dropped until the "
                 "rate falls",
                 [{"field": None, "rule": "rate_limited", "value": None}],
-            )))
+            )
+            if request_id is not None:
+                error["id"] = request_id
+            self.send_runtime("commandError", error)
         return False
+
+
+    def ignore(self, channel: str, exc: Exception) -> None:
+        """Count and log (throttled) a frame dropped as unreadable."""
+        self._ignore(channel, exc)
 
     def _ignore(self, channel: str, exc: Exception) -> None:
         self.counters.ignored += 1

@@ -30,6 +30,8 @@ from aiortc import RTCDataChannel, RTCPeerConnection
 
 from reactor_serve.protocol import channel_codec
 from reactor_serve.protocol.errors import OfferRejected, session_ended
+from reactor_serve.protocol.wire_v1 import codec as wire_v1
+from reactor_serve.protocol.wire_version import Wire
 from reactor_serve.rtc.codecs import apply_bitrate_range
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime.field_errors import command_error
@@ -92,7 +94,7 @@ class PeerSession:
         self._pc_tasks: list[asyncio.Task[None]] = []
         self._fanout: OutputFanout | None = None
         self._channels: dict[str, RTCDataChannel] = {}
-        self._outbox = Outbox(lambda: self._channels.get("data"), self.OUTBOX_LIMIT)
+        self._outbox = Outbox(self._channels_get, self.OUTBOX_LIMIT)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
         # Every task we start, referenced until done (the loop keeps weak references).
@@ -309,14 +311,22 @@ class PeerSession:
         self.viewers = ViewerRoom(self.id, self.host.spec, self.settings, self._fanout)
         self.recordings = SessionRecordings.for_session(
             model=self.host.spec.name, session_id=self.id, config=self.host.config,
-            outputs=self.host.spec.outputs, send=self._send_runtime,
+            outputs=self.host.spec.outputs, send=self._emit_runtime,
             override=self.recording_override,
         )
         self.recordings.attach(self._fanout, self.extra_args.get("record"))
         self._timer.start_watchdog()
         self._stats_task = self._spawn(self._report_stats())
 
+    def _channels_get(self, label: str) -> RTCDataChannel | None:
+        return self._channels.get(label)
+
     def _wire(self, pc: RTCPeerConnection) -> None:
+        # A new connection tells afresh which wire its client speaks (a client may
+        # come back with another SDK).
+        if self._inbound is not None:
+            self._inbound.new_connection()
+
         @pc.on("datachannel")
         def on_datachannel(channel: RTCDataChannel) -> None:
             if pc is not self._pc:
@@ -457,11 +467,19 @@ class PeerSession:
         # The handler reads the peer through these small closures only, so that the peer's
         # session (opened after the first offer) and channels (replaced on reconnect) are
         # looked up per frame.
-        def command(name: str, args: dict[str, Any], command_id: str | int | None) -> str | int | None:
+        def command(
+            name: str, args: dict[str, Any], command_id: str | int | None, *, reply: bool = False
+        ) -> str | int | None:
             session = self.session
             if session is None:
+                if reply:  # nothing will answer it: say why rather than leave it waiting
+                    self._emit_runtime("commandError", {
+                        **command_error(name, "the session is not open yet",
+                                        [{"field": None, "rule": "not_open", "value": None}]),
+                        "id": command_id,
+                    })
                 return command_id
-            return session.command(name, args, command_id).id
+            return session.command(name, args, command_id, reply=reply).id
 
         def report_latency(command_id: Any, latency_ms: Any) -> str | None:
             session = self.session
@@ -494,9 +512,9 @@ class PeerSession:
             if recordings is not None:
                 recordings.request(type_, data)
             else:
-                self._outbox.send(channel_codec.runtime("recordingError", command_error(
+                self._emit_runtime("recordingError", command_error(
                     type_, "the session is not open yet", [{"field": None, "rule": "not_open", "value": None}]
-                )))
+                ))
 
         return InboundHandler(
             session_id=self.id,
@@ -509,13 +527,40 @@ class PeerSession:
             on_command=on_command,
             recording=recording,
             on_coalesced=coalesced,
+            send_frame=self._send_frame,
         )
 
-    def _send_runtime(self, type_: str, data: dict[str, Any]) -> None:
+    def _send_frame(self, label: str, frame: bytes) -> None:
+        self._outbox.send(frame, label)
+
+    @property
+    def wire(self) -> Wire:
+        """The wire the client speaks on its connection now (v0 until it has spoken)."""
+        inbound = self._inbound
+        return inbound.wire if inbound is not None and inbound.wire is not None else Wire.V0
+
+    def _emit(self, envelope: dict[str, Any], text: str) -> None:
+        """One message to the client (loop thread): `text` is its v0 frame, sent as is
+        on wire v0 and translated on wire v1, which leaves out what it has no message for."""
+        if self.wire is Wire.V1:
+            try:
+                frames = wire_v1.from_envelope(envelope)
+            except channel_codec.ProtocolError:
+                log.exception("session %s: a message cannot travel on wire v1", self.id)
+                return
+            for label, frame in frames:
+                self._outbox.send(frame, label)
+        elif (envelope.get("data") or {}).get("type") != "commandAccepted":
+            self._outbox.send(text)
+
+    def _emit_runtime(self, type_: str, data: dict[str, Any]) -> None:
         try:
-            self._outbox.send(channel_codec.runtime(type_, data))
+            text = channel_codec.runtime(type_, data)
         except channel_codec.ProtocolError:
             log.exception("session %s: a %s message is not JSON", self.id, type_)
+            return
+        self._emit({"scope": "runtime", "data": {"type": type_, "data": data}}, text)
+
 
     # ---- what the model session sends: called from the model's threads -------------
 
@@ -533,7 +578,7 @@ class PeerSession:
             text = channel_codec.application(data)
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._outbox.send, text)
+            loop.call_soon_threadsafe(self._emit, envelope, text)
             viewers = self.viewers
             if viewers is not None and ViewerRoom.shares(envelope):
                 ending = envelope.get("scope") == "runtime" and data.get("type") == "sessionEnded"
@@ -592,12 +637,19 @@ class PeerSession:
         if not self._farewell_queued:
             # The model thread did not send it (gone, stuck, or never connected).
             self._farewell_queued = True
-            channel = self._channels.get("data")
+            if self.wire is Wire.V1:
+                label, frame = wire_v1.CONTROL, wire_v1.session_ended(
+                    f"{reason}: {detail}" if detail else reason
+                )
+            else:
+                label, frame = "data", farewell.session_ended(reason, detail)
+            channel = self._channels.get(label)
             if channel is not None and channel.readyState == "open":
-                channel.send(farewell.session_ended(reason, detail))
-        channel = self._channels.get("data")
-        if channel is not None and channel.readyState == "open":
-            await farewell.drain(channel, self.FAREWELL_S)
+                channel.send(frame)
+        for label in ("data", "control") if self.wire is Wire.V1 else ("data",):
+            channel = self._channels.get(label)
+            if channel is not None and channel.readyState == "open":
+                await farewell.drain(channel, self.FAREWELL_S)
         self._timer.stop()
         stats = self._stats_task
         if stats is not None and stats is not asyncio.current_task():
@@ -635,7 +687,7 @@ class PeerSession:
             stats["connections"] = self.connections
             try:
                 text = channel_codec.runtime("stats", stats)
-                self._outbox.send(text)
+                self._emit({"scope": "runtime", "data": {"type": "stats", "data": stats}}, text)
                 if self.viewers is not None:
                     self.viewers.broadcast(text)
             except channel_codec.ProtocolError:

@@ -42,6 +42,7 @@ async def test_sigint_to_serve_run_ends_live_sessions_with_session_ended(tmp_pat
     config_path.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"  # its log, printed on failure, is complete up to then
     log = open(tmp_path / "serve-run.log", "w+")
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / "serve"), "run", str(config_path)],

@@ -1,0 +1,139 @@
+"""Routing one session's wire v1 frames (protocol/wire_v1): every request is answered.
+
+The v1 client correlates each request with its reply by `request_id` and waits for
+it, so where v0 may drop a frame silently, v1 answers: a command is accepted (a
+bodyless response), refused (an `error` whose code the official SDK maps to its
+exceptions: BAD_REQUEST naming the field, RATE_LIMITED), or coalesced into a newer
+value of its field (accepted). A frame that does not decode is answered with
+BAD_REQUEST when its `request_id` can be read, and dropped with a throttled log line
+when not. Notifications (`ping`, `pause_track`, `client_stats`, ...) get no answer, as
+the protocol says.
+
+Commands share the v0 path from here on (`InboundHandler.submit`): one rate limit,
+one set of argument rules, one way to the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Protocol
+
+from reactor_serve.protocol import model_documents
+from reactor_serve.protocol.channel_codec import BadCommand, ProtocolError, brief
+from reactor_serve.protocol.wire_v1 import codec as wire_v1
+
+__all__ = ["CommandIntake", "WireV1Requests"]
+
+log = logging.getLogger(__name__)
+
+STREAMED_STEP = (
+    'this session streams: a step needs a session started with "generation": "stepped"'
+)
+NO_CLIPS = "this server does not cut clips for wire v1 sessions"
+
+
+class CommandIntake(Protocol):
+    """What routing v1 frames needs of the session's inbound handler (InboundHandler)."""
+
+    session_id: str
+
+    @property
+    def bucket(self) -> Any: ...
+
+    def spec(self) -> Any: ...
+
+    def admit(self, command: str | None, request_id: str | int | None = None) -> bool: ...
+
+    def submit(
+        self, name: str, args: dict[str, Any], command_id: str | int | None, *, reply: bool = False
+    ) -> None: ...
+
+    def reject(self, exc: BadCommand, command_id: str | int | None, *, reply: bool = False) -> None: ...
+
+    def ignore(self, channel: str, exc: Exception) -> None: ...
+
+
+class WireV1Requests:
+    """Decodes and answers the v1 frames of the session `handler` serves; `send_frame`
+    sends one encoded frame on the channel it names."""
+
+    def __init__(self, handler: CommandIntake, send_frame: Callable[[str, bytes], None]) -> None:
+        self._handler = handler
+        self._send = send_frame
+
+    def on_message(self, label: str, raw: Any) -> None:
+        if label == wire_v1.CONTROL:
+            self._on_control(raw)
+        else:
+            self._on_data(raw)
+
+    # ---- "data" -------------------------------------------------------------------
+
+    def _on_data(self, raw: Any) -> None:
+        handler = self._handler
+        try:
+            request = wire_v1.decode_data(raw)
+        except wire_v1.WireError as exc:
+            handler.ignore("data-channel", exc)
+            if exc.request_id is not None and handler.admit(None):
+                self._send(wire_v1.DATA, wire_v1.data_error(exc.request_id, wire_v1.BAD_REQUEST, str(exc)))
+            return
+        request_id = request.request_id or None
+        if request.method == "command":
+            try:
+                name, args = wire_v1.command_arguments(request.payload)
+            except BadCommand as exc:
+                handler.reject(exc, request_id, reply=request_id is not None)
+                return
+            except ProtocolError as exc:
+                handler.ignore("data-channel", exc)
+                if request_id is not None and handler.admit(None):
+                    self._send(wire_v1.DATA, wire_v1.data_error(request_id, wire_v1.BAD_REQUEST, str(exc)))
+                return
+            handler.submit(name, args, request_id, reply=request_id is not None)
+        elif request.method == "request_step":
+            if request_id is not None and handler.admit(None):
+                self._send(wire_v1.DATA, wire_v1.step_refused(request_id, STREAMED_STEP))
+        elif request.method == "error":
+            log.debug("session %s: the client reported an error: %s %s", handler.session_id,
+                      brief(request.payload.code), brief(request.payload.message))
+
+    # ---- "control" ----------------------------------------------------------------
+
+    def _on_control(self, raw: Any) -> None:
+        handler = self._handler
+        try:
+            request = wire_v1.decode_control(raw)
+        except wire_v1.WireError as exc:
+            handler.ignore("control", exc)
+            if exc.request_id is not None and handler.admit(None):
+                self._send(wire_v1.CONTROL, wire_v1.control_error(exc.request_id, wire_v1.BAD_REQUEST, str(exc)))
+            return
+        request_id, method = request.request_id, request.method
+        if not request_id or method in ("ping", "pause_track", "resume_track", "unpublish_track",
+                                        "file_uploaded", "client_stats", "error"):
+            # Notifications: liveness (noted by the caller) and state the client keeps;
+            # nothing waits for an answer.
+            return
+        if not handler.admit(None):
+            self._send(wire_v1.CONTROL, wire_v1.control_error(
+                request_id, wire_v1.RATE_LIMITED,
+                f"too many requests: at most {handler.bucket.rate:.0f} a second",
+            ))
+            return
+        spec = handler.spec()
+        if method == "request_schema":
+            self._send(wire_v1.CONTROL, wire_v1.model_schema(request_id, model_documents.model_schema(spec)))
+        elif method == "publish_track":
+            name = request.payload.name
+            inputs = [track.name for track in spec.inputs]
+            if name in inputs:
+                self._send(wire_v1.CONTROL, wire_v1.publish_track_reply(request_id, name))
+            else:
+                self._send(wire_v1.CONTROL, wire_v1.control_error(
+                    request_id, wire_v1.BAD_REQUEST,
+                    f"the model has no input track {brief(name)} (input tracks: "
+                    f"{', '.join(inputs) or 'none'})",
+                ))
+        elif method in ("request_clip", "request_recording"):
+            self._send(wire_v1.CONTROL, wire_v1.clip_failed(request_id, NO_CLIPS))

@@ -1,0 +1,222 @@
+"""Fuzz wire v1 on a live session over a real aiortc connection on 127.0.0.1.
+
+The client here is a bare aiortc peer speaking protobuf from its first frame, as the
+official Python SDK does. Random bytes, truncated and mutated messages, huge varints
+and lengths, Struct nesting past the parser's limit, unknown fields and enum values,
+JSON on a v1 connection and a command flood go to a real `PeerSession` serving the
+scaffold's gradient model. Afterwards: no handler fault, every request whose id can be
+read answered exactly once (accepted, BAD_REQUEST or RATE_LIMITED), video still
+arriving, a valid command still applied, the first and only transport still up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiortc import RTCPeerConnection, RTCSessionDescription
+
+from reactor_serve.protocol.wire_v1 import common_pb2, control_pb2, data_pb2
+from reactor_serve.protocol.wire_version import Wire
+from reactor_serve.rtc.settings import WebRTCSettings
+from reactor_serve.scaffold import init_model
+from reactor_serve.sessions.peer_session import PeerSession
+
+REQUEST = common_pb2.MESSAGE_KIND_REQUEST
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def field_bytes(number: int, payload: bytes) -> bytes:
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def command(name: str, data: dict[str, Any] | None = None, request_id: str = "") -> bytes:
+    message = data_pb2.DataClientMessage(request_id=request_id, kind=REQUEST)
+    message.command.type = name
+    if data is not None:
+        message.command.data.update(data)
+    return message.SerializeToString()
+
+
+def deeply_nested_command(request_id: str, depth: int) -> bytes:
+    """A command whose one argument is a list nested `depth` deep, built by hand:
+    the protobuf library will not serialise past its own recursion limit."""
+    value = field_bytes(3, b"deep")  # Value.string_value
+    for _ in range(depth):
+        value = field_bytes(6, field_bytes(1, value))  # Value.list_value.values[0]
+    entry = field_bytes(1, b"prompt") + field_bytes(2, value)  # Struct.fields entry
+    command_body = field_bytes(1, b"set_brightness") + field_bytes(2, field_bytes(1, entry))
+    return field_bytes(1, request_id.encode()) + field_bytes(10, command_body)
+
+
+@dataclass
+class V1Client:
+    pc: RTCPeerConnection
+    data: Any
+    control: Any
+    replies: dict[str, list[Any]] = field(default_factory=lambda: {"data": [], "control": []})
+    frames: int = 0
+
+
+@pytest.fixture
+def gradient_dir(tmp_path):
+    init_model(tmp_path / "gradient", "gradient")
+    return tmp_path / "gradient"
+
+
+async def wait_for(predicate, timeout, what):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def live(host_of, gradient_dir):
+    host = host_of(gradient_dir)
+    peer = PeerSession(host, WebRTCSettings(loopback_candidates=True))
+    pc = RTCPeerConnection()
+    video = pc.addTransceiver("video", direction="recvonly")
+    client = V1Client(pc, pc.createDataChannel("data"), pc.createDataChannel("control"))
+    client.data.on("message", lambda raw: client.replies["data"].append(
+        data_pb2.DataServerMessage.FromString(raw) if isinstance(raw, bytes) else raw))
+    client.control.on("message", lambda raw: client.replies["control"].append(
+        control_pb2.ControlServerMessage.FromString(raw) if isinstance(raw, bytes) else raw))
+
+    async def receive() -> None:
+        while True:
+            await video.receiver.track.recv()
+            client.frames += 1
+
+    await pc.setLocalDescription(await pc.createOffer())
+    answer = await peer.answer(pc.localDescription.sdp, [
+        {"mid": video.mid, "name": "main_video", "kind": "video", "direction": "recvonly"},
+    ])
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+    receiving = asyncio.ensure_future(receive())
+    await wait_for(lambda: client.data.readyState == client.control.readyState == "open", 15,
+                   "both channels open")
+    ping = control_pb2.ControlClientMessage(kind=common_pb2.MESSAGE_KIND_NOTIFICATION)
+    ping.ping.SetInParent()
+    client.control.send(ping.SerializeToString())  # the first frame: v1 from here on
+    await wait_for(lambda: peer.wire is Wire.V1, 10, "the session to take wire v1")
+    await wait_for(lambda: client.frames >= 3, 15, "video")
+    yield host, peer, client
+    receiving.cancel()
+    await pc.close()
+    await peer.close()
+
+
+def answered(client: V1Client) -> dict[str, list[Any]]:
+    ids: dict[str, list[Any]] = {}
+    for label in ("data", "control"):
+        for reply in client.replies[label]:
+            if not isinstance(reply, str) and reply.request_id:
+                ids.setdefault(reply.request_id, []).append(reply)
+    return ids
+
+
+async def still_alive(host, peer, client, brightness: float) -> None:
+    start = client.frames
+    await wait_for(lambda: client.frames >= start + 3, 15, "video after the fuzz")
+    client.data.send(command("set_brightness", {"brightness": brightness}, "check"))
+    await wait_for(lambda: "check" in answered(client), 15, "the check command's answer")
+    [reply] = answered(client)["check"]
+    assert reply.WhichOneof("payload") is None  # accepted
+    await wait_for(lambda: host.model.state.brightness == brightness, 15, "the brightness change")
+    assert not peer.ended.is_set()
+    assert peer.connections == 1
+    assert client.pc.connectionState == "connected"
+
+
+async def test_hostile_v1_frames_are_answered_or_dropped_and_the_session_streams(live):
+    host, peer, client = live
+    rng = random.Random(20)
+    expect_bad: set[str] = set()
+    expect_ok: set[str] = set()
+
+    # Requests whose id survives the damage: each gets BAD_REQUEST.
+    good = command("set_brightness", {"brightness": 0.5}, "trunc")
+    client.data.send(good[:-4]); expect_bad.add("trunc")
+    client.data.send(deeply_nested_command("deep", 200)); expect_bad.add("deep")
+    client.data.send(command("set_brightness", {"brightness": math.nan}, "nan")); expect_bad.add("nan")
+    client.data.send(command("set_brightness", {"brightness": math.inf}, "inf")); expect_bad.add("inf")
+    client.data.send(command("set_brightness", {"brightness": 9}, "range")); expect_bad.add("range")
+    client.data.send(command("no_such_command", {}, "unknown")); expect_bad.add("unknown")
+    client.data.send(command("", {}, "nameless")); expect_bad.add("nameless")
+    client.data.send(field_bytes(1, b"empty")); expect_bad.add("empty")  # no payload
+    client.data.send(command("set_brightness", {"brightness": "x" * 70_000}, "big")); expect_bad.add("big")
+    bad_utf8 = field_bytes(1, b"utf8") + field_bytes(10, field_bytes(1, b"set_\xff"))
+    client.data.send(bad_utf8); expect_bad.add("utf8")
+    control = control_pb2.ControlClientMessage(request_id="no track")
+    control.publish_track.name = "nothing"
+    client.control.send(control.SerializeToString()); expect_bad.add("no track")
+
+    # Unknown fields and enum values are ignored: accepted.
+    odd = bytearray(command("set_brightness", {"brightness": 0.7}, "odd"))
+    odd += varint(2 << 3) + varint(77)  # kind = 77
+    odd += field_bytes(99, b"\x00\x01")  # field 99
+    client.data.send(bytes(odd)); expect_ok.add("odd")
+
+    # No readable id: dropped, never answered.
+    unreadable = [
+        b"\x0a\xff\xff\xff\xff\x0f",  # a 4 GiB request_id
+        b"\x0a" + b"\xff" * 11,  # a varint that never ends
+        b"\x08" + b"\xff" * 9 + b"\x7f",  # an 64-bit varint for a string field
+        '{"scope":"application","data":{"type":"set_brightness","data":{}}}',  # v0 on v1
+    ] + [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64))) for _ in range(150)]
+    for raw in unreadable:
+        rng.choice([client.data, client.control]).send(raw)
+
+    mark = client.frames
+    await wait_for(lambda: expect_bad | expect_ok <= set(answered(client)), 20,
+                   "an answer to every request with a readable id")
+    ids = answered(client)
+    for request_id in expect_bad:
+        [reply] = ids[request_id]
+        assert reply.error.code == "BAD_REQUEST", (request_id, reply)
+        assert reply.error.message
+    assert "brightness" in ids["nan"][0].error.message
+    assert "brightness" in ids["range"][0].error.message
+    assert "nothing" in ids["no track"][0].error.message
+    assert ids["odd"][0].WhichOneof("payload") is None
+    # Random bytes may by chance read as a request with an id; each such is answered once.
+    assert all(len(replies) == 1 for replies in ids.values())
+    assert peer.inbound.counters.faults == 0
+    assert client.frames >= mark
+    await still_alive(host, peer, client, 1.25)
+
+
+async def test_a_v1_command_flood_answers_every_command_and_the_session_goes_on(live):
+    host, peer, client = live
+    sent = [f"flood{i}" for i in range(1500)]
+    for request_id in sent:
+        client.data.send(command("no_such_command", {}, request_id))
+    await wait_for(lambda: set(sent) <= set(answered(client)), 60, "an answer to every command")
+    codes = {reply.error.code for request_id in sent for reply in answered(client)[request_id]}
+    # Those within the rate limit reach the model host, which refuses the unknown
+    # command; the rest are refused for the rate, each one.
+    assert codes == {"BAD_REQUEST", "RATE_LIMITED"}
+    assert peer.inbound.counters.rate_limited > 0
+    assert peer.inbound.counters.faults == 0
+    await asyncio.sleep(COMMAND_REFILL_S)
+    await still_alive(host, peer, client, 0.75)
+
+
+# Seconds for the command bucket to refill enough for the check command.
+COMMAND_REFILL_S = 1.0
