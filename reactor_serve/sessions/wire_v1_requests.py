@@ -74,9 +74,7 @@ class WireV1Requests:
         try:
             request = wire_v1.decode_data(raw)
         except wire_v1.WireError as exc:
-            handler.ignore("data-channel", exc)
-            if exc.request_id is not None and handler.admit(None):
-                self._send(wire_v1.DATA, wire_v1.data_error(exc.request_id, wire_v1.BAD_REQUEST, str(exc)))
+            self._refuse(wire_v1.DATA, exc.request_id, exc)
             return
         request_id = request.request_id or None
         if request.method == "command":
@@ -86,9 +84,7 @@ class WireV1Requests:
                 handler.reject(exc, request_id, reply=request_id is not None)
                 return
             except ProtocolError as exc:
-                handler.ignore("data-channel", exc)
-                if request_id is not None and handler.admit(None):
-                    self._send(wire_v1.DATA, wire_v1.data_error(request_id, wire_v1.BAD_REQUEST, str(exc)))
+                self._refuse(wire_v1.DATA, request_id, exc)
                 return
             handler.submit(name, args, request_id, reply=request_id is not None)
         elif request.method == "request_step":
@@ -105,9 +101,7 @@ class WireV1Requests:
         try:
             request = wire_v1.decode_control(raw)
         except wire_v1.WireError as exc:
-            handler.ignore("control", exc)
-            if exc.request_id is not None and handler.admit(None):
-                self._send(wire_v1.CONTROL, wire_v1.control_error(exc.request_id, wire_v1.BAD_REQUEST, str(exc)))
+            self._refuse(wire_v1.CONTROL, exc.request_id, exc)
             return
         request_id, method = request.request_id, request.method
         if not request_id or method in ("ping", "pause_track", "resume_track", "unpublish_track",
@@ -137,3 +131,11 @@ class WireV1Requests:
                 ))
         elif method in ("request_clip", "request_recording"):
             self._send(wire_v1.CONTROL, wire_v1.clip_failed(request_id, NO_CLIPS))
+
+    def _refuse(self, label: str, request_id: str | None, exc: Exception) -> None:
+        """A frame dropped as unreadable: counted and logged, and answered BAD_REQUEST
+        on its channel when its id could be read (within the rate limit)."""
+        self._handler.ignore("data-channel" if label == wire_v1.DATA else label, exc)
+        if request_id is not None and self._handler.admit(None):
+            encode = wire_v1.data_error if label == wire_v1.DATA else wire_v1.control_error
+            self._send(label, encode(request_id, wire_v1.BAD_REQUEST, str(exc)))
