@@ -44,10 +44,19 @@ async def test_sigint_to_serve_run_ends_live_sessions_with_session_ended(tmp_pat
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"  # its log, printed on failure, is complete up to then
     log = open(tmp_path / "serve-run.log", "w+")
-    process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "serve"), "run", str(config_path)],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-    )
+    # `serve run` stops on KeyboardInterrupt, which Python raises for SIGINT only if
+    # SIGINT was not ignored when it started. A suite run in the background of a
+    # non-interactive shell (`.ci/run &`) inherits SIGINT ignored, and so would `serve
+    # run`: the signal then did nothing. A handler here (any, not SIG_IGN) becomes the
+    # default disposition across exec, as an operator's terminal gives it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "serve"), "run", str(config_path)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     base = f"http://127.0.0.1:{port}"
     client = None
     try:
