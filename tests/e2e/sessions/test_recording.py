@@ -92,6 +92,16 @@ async def frames_for(client, seconds):
     return seen
 
 
+async def frames_keep_coming(client, count=4, timeout=15.0):
+    """`count` more frames arrive: counted, not timed (a loaded machine is slow, and
+    that is not what these tests look for)."""
+    async def take():
+        for _ in range(count):
+            await client.next_frame()
+
+    await asyncio.wait_for(take(), timeout)
+
+
 # ---- reactor run: a whole recording -------------------------------------------------------
 
 
@@ -259,8 +269,8 @@ async def test_unwritable_destination_is_reported_and_the_session_streams_on(tmp
             with pytest.raises(RecordingRefused):
                 await client.save_clip(1)
             client.send_command("set_tint", {"tint": 7})
-            frames = await frames_for(client, 0.5)
-            assert len(frames) > 3 and client.state == "streaming"
+            await frames_keep_coming(client)
+            assert client.state == "streaming"
             # A bad command still gets its commandError: the session is whole.
             mark = len(client.peer.messages)
             client.send_command("set_tint", {"tint": -1})
@@ -301,8 +311,8 @@ async def test_a_model_that_did_not_opt_in_refuses_and_hostile_requests_get_erro
             # NaN cannot be read as JSON: the frame is dropped, and the session goes on.
             client.peer.send_raw('{"scope":"runtime","data":{"type":"saveClip","data":{"seconds":NaN}}}')
             client.peer.send_raw('{"scope":"runtime","data":{"type":"saveClip","data":[1]}}')
-            frames = await frames_for(client, 0.5)
-            assert len(frames) > 3 and client.state == "streaming"
+            await frames_keep_coming(client)
+            assert client.state == "streaming"
             assert (await client.save_clip(1))["frames"] > 0
         finally:
             await client.close()
@@ -429,8 +439,8 @@ async def test_disk_full_and_failed_uploads_stop_the_recording_not_the_session(t
             stopped = await wait_message(client, "recordingStopped", start=mark)
             assert stopped["reason"] == "error" and "space" in stopped["message"].lower()
             client.send_command("set_tint", {"tint": 9})
-            frames = await frames_for(client, 0.5)
-            assert len(frames) > 3 and client.state == "streaming"
+            await frames_keep_coming(client)
+            assert client.state == "streaming"
             # The next recording works.
             await client.start_recording()
             await frames_for(client, 0.5)
