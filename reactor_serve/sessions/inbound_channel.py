@@ -214,11 +214,11 @@ class InboundHandler:
             self.reject(exc, exc.command_id)
             return
         except channel_codec.RefusedFrame as exc:
-            self._ignore("data-channel", exc)
+            self.ignore("data-channel", exc)
             self._refuse_frame(raw, exc)
             return
         except channel_codec.ProtocolError as exc:
-            self._ignore("data-channel", exc)
+            self.ignore("data-channel", exc)
             return
         if message.scope == "application":
             self.submit(message.type, message.data, message.id)
@@ -265,10 +265,7 @@ class InboundHandler:
 
     def _hand_on(self, name: str, args: dict[str, Any], command_id: str | int | None, reply: bool) -> None:
         self.counters.commands += 1
-        if reply:
-            command_id = self._command(name, args, command_id, reply=True)
-        else:
-            command_id = self._command(name, args, command_id)
+        command_id = self._call_command(name, args, command_id, reply)
         if self._on_command is not None:
             self._on_command(name, args, None, command_id)
 
@@ -351,10 +348,16 @@ class InboundHandler:
         while self._held and self.bucket.take():
             name, args, command_id, reply = self._held.popleft()
             self.counters.commands += 1
-            if reply:
-                self._command(name, args, command_id, reply=True)
-            else:
-                self._command(name, args, command_id)
+            self._call_command(name, args, command_id, reply)
+
+    def _call_command(
+        self, name: str, args: dict[str, Any], command_id: str | int | None, reply: bool
+    ) -> str | int | None:
+        # `reply` only when set: a `command` callable of a v0-only handler (a viewer's)
+        # takes no such keyword.
+        if reply:
+            return self._command(name, args, command_id, reply=True)
+        return self._command(name, args, command_id)
 
     def _schedule_release(self) -> None:
         if self._release_scheduled or not self._held:
@@ -380,7 +383,7 @@ class InboundHandler:
         try:
             request = channel_codec.decode_control(raw)
         except channel_codec.ProtocolError as exc:
-            self._ignore("control", exc)
+            self.ignore("control", exc)
             return
         if request["type"] != "request":
             return  # notifications (pause/resume/unpublish) need no answer
@@ -433,12 +436,8 @@ class InboundHandler:
             self.send_runtime("commandError", error)
         return False
 
-
     def ignore(self, channel: str, exc: Exception) -> None:
         """Count and log (throttled) a frame dropped as unreadable."""
-        self._ignore(channel, exc)
-
-    def _ignore(self, channel: str, exc: Exception) -> None:
         self.counters.ignored += 1
         if self._on_ignored is not None:
             self._on_ignored()
