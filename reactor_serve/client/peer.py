@@ -147,6 +147,10 @@ def _rgb(image: Any) -> np.ndarray:
 class ClientPeer:
     """One WebRTC connection to a reactor-serve session."""
 
+    # How often `connect(still_on=...)` asks whether the session is still on while its
+    # channel is not open yet.
+    STILL_ON_INTERVAL_S = 1.0
+
     def __init__(
         self,
         capabilities: dict[str, Any],
@@ -230,11 +234,16 @@ class ClientPeer:
     def channel_open(self) -> bool:
         return self._channel is not None and self._channel.readyState == "open"
 
-    async def connect(self, signal: Signal, timeout: float = 20.0) -> None:
+    async def connect(
+        self, signal: Signal, timeout: float = 20.0,
+        still_on: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
         """Offer, have `signal(sdp_offer, track_mapping)` return the answer, and wait
         until the data channel is open. Called again, it replaces the current
         connection once the new one is answered (the old one is closed then: a server
-        may end a session whose only connection closes)."""
+        may end a session whose only connection closes). `still_on()` is awaited every
+        `STILL_ON_INTERVAL_S` while the channel is not open yet; whatever it raises
+        (the session ended meanwhile) ends the attempt."""
         if self.closed:
             raise ConnectionError("the peer is closed")
         pc = RTCPeerConnection(
@@ -252,7 +261,7 @@ class ClientPeer:
         )
         self._pcs.add(pc)
         try:
-            await self._negotiate(pc, signal, timeout)
+            await self._negotiate(pc, signal, timeout, still_on)
         except BaseException:
             # A failed or cancelled attempt must not leave its connection behind.
             self._pcs.discard(pc)
@@ -261,7 +270,10 @@ class ClientPeer:
             await asyncio.shield(pc.close())
             raise
 
-    async def _negotiate(self, pc: RTCPeerConnection, signal: Signal, timeout: float) -> None:
+    async def _negotiate(
+        self, pc: RTCPeerConnection, signal: Signal, timeout: float,
+        still_on: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
         mapping: list[dict[str, Any]] = []
         receivers: list[tuple[Any, dict[str, Any]]] = []
         for track in self.tracks:
@@ -333,11 +345,25 @@ class ClientPeer:
             closing = loop.create_task(self._retire(previous))
             self._retiring.add(closing)
             closing.add_done_callback(self._retiring.discard)
-        await asyncio.wait_for(opened.wait(), timeout)
+        await asyncio.wait_for(self._until_open(opened, still_on), timeout)
         self.last_inbound = time.monotonic()
         self._open.set()
         if self._ping_task is None:
             self._ping_task = loop.create_task(self._ping())
+
+    async def _until_open(
+        self, opened: asyncio.Event, still_on: Callable[[], Awaitable[Any]] | None
+    ) -> None:
+        # A session can end before its channel opens (its model failed at once): the
+        # server then closes a connection that never came up, and only asking it says
+        # so; waiting alone would last the whole timeout.
+        while True:
+            try:
+                await asyncio.wait_for(opened.wait(), self.STILL_ON_INTERVAL_S)
+                return
+            except asyncio.TimeoutError:
+                if still_on is not None:
+                    await still_on()
 
     async def _retire(self, pc: RTCPeerConnection) -> None:
         await pc.close()

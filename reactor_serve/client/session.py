@@ -33,6 +33,8 @@ from reactor_serve.client.reconnect import (
     ReconnectSupervisor,
 )
 from reactor_serve.client.signalling import (
+    SessionOver,
+    SessionRefused,
     check_session,
     checked_json,
     fetch_ice_servers,
@@ -141,6 +143,18 @@ class ReactorClient:
                  f" ({message})" if message else "")
         self._set_state(ClientState.ENDED, reason=reason, message=message)
         await self.peer.close()
+
+    async def _still_on(self) -> None:
+        """Raises SessionRefused, naming why, once the server says the session ended."""
+        try:
+            await check_session(self._http, self.base_url, self.session_id)
+        except SessionOver as over:
+            raise SessionRefused(
+                f"the session ended before its connection opened ({over.reason}"
+                + (f": {over.message}" if over.message else "") + ")"
+            ) from None
+        except httpx.HTTPError:
+            pass  # the server did not answer: the wait goes on, bounded by its timeout
 
     def _masked(self) -> str:
         return self.session_id[:4] + "…"
@@ -380,7 +394,8 @@ async def connect(
                           input_fps=input_fps)
         client = ReactorClient(base_url, peer, descriptor, http, reconnect=policy,
                                on_state=on_state, on_queue=on_queue)
-        await peer.connect(client._signal("POST", timeout), timeout=timeout)
+        await peer.connect(client._signal("POST", timeout), timeout=timeout,
+                           still_on=client._still_on)
         client._start_supervisor()
         return client
     except BaseException:

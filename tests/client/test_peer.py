@@ -1,8 +1,11 @@
 """What `ClientPeer` keeps of the messages it takes in, without a connection: the
 server's `sessionEnded` (which the owner's reconnect supervisor and the viewer both
-read), the latest `stats`, and waking whoever waits for a message."""
+read), the latest `stats`, and waking whoever waits for a message; and a connect
+whose session ends before its channel opens."""
 
 import asyncio
+
+from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from reactor_serve.client.peer import ClientPeer
 
@@ -35,3 +38,36 @@ async def test_a_message_taken_in_wakes_a_waiter():
     await asyncio.sleep(0)
     peer.add_message(runtime("sessionEnded", {"reason": "client_closed"}))
     assert (await waiting)["data"] == {"reason": "client_closed"}
+
+
+async def test_a_session_that_ends_before_its_channel_opens_ends_the_connect_at_once():
+    server = RTCPeerConnection()
+    peer = ClientPeer({"tracks": []})
+
+    async def signal(sdp_offer, track_mapping):
+        # A real answer from a peer that then goes away: the channel never opens.
+        await server.setRemoteDescription(RTCSessionDescription(sdp=sdp_offer, type="offer"))
+        await server.setLocalDescription(await server.createAnswer())
+        answer = server.localDescription.sdp
+        await server.close()
+        return answer
+
+    asked = []
+
+    async def still_on():
+        asked.append(1)
+        if len(asked) == 2:
+            raise LookupError("the session ended")
+
+    peer.STILL_ON_INTERVAL_S = 0.05
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        await peer.connect(signal, timeout=30, still_on=still_on)
+    except LookupError as exc:
+        assert str(exc) == "the session ended"
+    else:
+        raise AssertionError("connect() returned on a channel that never opened")
+    finally:
+        await peer.close()
+    assert loop.time() - started < 10 and len(asked) == 2
