@@ -1,17 +1,36 @@
 # The input-tracks page's full video-to-video example, with the style model it leaves
 # to the author (`load_style_model`) written out as real filters in torch: the same
 # code runs on the CPU or, when one is there, on a CUDA GPU.
+import asyncio
+import io
 from dataclasses import dataclass
 
+import av
 import numpy as np
 import torch
 import torch.nn.functional as F
 from reactor_runtime.interface import (
-    Input, Output, Video, ReactorModel, InputField,
+    Input, Output, Video, ReactorModel, InputField, ModelMessage, UploadedFile,
     event, connected, disconnected, BufferClosed,
 )
 
-STYLES = ["none", "oil_paint", "sketch", "thermal"]
+STYLES = ["none", "oil_paint", "sketch", "thermal", "palette"]
+
+
+@dataclass
+class PaletteSet(ModelMessage):
+    """The uploaded image was read: the `palette` style now tints with its colour."""
+    name: str
+    width: int
+    height: int
+    colour: list[int]   # its average RGB, 0..255
+
+
+@dataclass
+class PaletteRefused(ModelMessage):
+    """The uploaded file is not an image this model can read; the palette is unchanged."""
+    name: str
+    reason: str
 
 
 @dataclass
@@ -35,6 +54,7 @@ class V2VModel(ReactorModel):
         self.input.camera.reset()
         self.style = "none"
         self.strength = 1.0
+        self.pipe.palette = self.pipe.neutral
 
     @disconnected
     async def on_disconnect(self):
@@ -50,6 +70,19 @@ class V2VModel(ReactorModel):
     @event(name="set_strength", description="Blend between the camera (0) and the style (1)")
     def set_strength(self, strength: float = InputField(default=1.0, ge=0.0, le=1.0)):
         self.strength = strength
+
+    @event(name="set_palette",
+           description="Tint with the average colour of an uploaded image (PNG, JPEG...)")
+    async def set_palette(self, image: UploadedFile):
+        try:
+            # Decoding a large image takes a while: not on the model's loop.
+            width, height, colour = await asyncio.to_thread(average_colour, image.data)
+        except ValueError as exc:
+            await self.send(PaletteRefused(name=image.name, reason=str(exc)))
+            return
+        self.pipe.palette = torch.tensor(colour, device=self.pipe.device) / 255.0
+        self.style = "palette"
+        await self.send(PaletteSet(name=image.name, width=width, height=height, colour=colour))
 
     async def run(self):
         while True:
@@ -96,6 +129,10 @@ class StylePipe:
         kernel = torch.outer(taps, taps) / 256.0
         self.blur5 = kernel.expand(3, 1, 5, 5).contiguous().to(device)
         self.thermal_lut = thermal_colormap(256).to(device)  # (256, 3) float in [0, 1]
+        # The `palette` style's colour (RGB in [0, 1]): white, a plain grayscale, until an
+        # image is uploaded.
+        self.neutral = torch.ones(3, device=device)
+        self.palette = self.neutral
 
     @torch.inference_mode()
     def apply(self, frame, style="none", strength=1.0):
@@ -109,6 +146,8 @@ class StylePipe:
             styled = self.sketch(rgb)
         elif style == "thermal":
             styled = self.thermal(rgb)
+        elif style == "palette":
+            styled = self.gray(rgb).unsqueeze(-1) * self.palette
         else:
             raise ValueError(f"unknown style {style!r}")
         if strength < 1.0:
@@ -160,3 +199,15 @@ def thermal_colormap(n):
     t = np.linspace(0.0, 1.0, n)
     lut = np.stack([np.interp(t, stops, colours[:, c]) for c in range(3)], axis=1)
     return torch.from_numpy(lut.astype(np.float32))
+
+
+def average_colour(data):
+    """(width, height, [r, g, b]) of the first picture in an image file's bytes."""
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            frame = next(container.decode(video=0))
+    except (av.error.FFmpegError, StopIteration, IndexError) as exc:
+        raise ValueError(f"not an image this model can read ({type(exc).__name__})") from None
+    pixels = frame.to_ndarray(format="rgb24").reshape(-1, 3)
+    colour = [int(round(c)) for c in pixels.mean(axis=0)]
+    return frame.width, frame.height, colour

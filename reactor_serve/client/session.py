@@ -265,6 +265,24 @@ class ReactorClient:
         url = join_url(self.base_url, f"sessions/{self.session_id}/viewers")
         return bool(checked_json(await self._http.delete(url), 200).get("revoked"))
 
+    # ---- uploads ------------------------------------------------------------------------
+
+    async def upload(
+        self, data: bytes, *, name: str, mime_type: str = "application/octet-stream"
+    ) -> dict[str, Any]:
+        """Upload a file to this session; returns the reference to put in a command's
+        arguments where the model takes an `UploadedFile`:
+        `client.send_command("set_palette", {"image": await client.upload(png, name="a.png",
+        mime_type="image/png")})`. Raises SessionRefused naming the problem (over the
+        model's bounds: 413)."""
+        url = join_url(self.base_url, f"sessions/{self.session_id}/uploads")
+        reserved = checked_json(await self._http.post(
+            url, json={"name": name, "size": len(data), "mime_type": mime_type}), 201)
+        checked_json(await self._http.put(
+            reserved["presigned_url"], content=data, headers={"content-type": mime_type}), 200)
+        return {"upload_id": reserved["upload_id"], "name": name, "mime_type": mime_type,
+                "size": len(data)}
+
     # ---- recordings (the model must opt in: `recording: {enabled: true}`) -------------
 
     async def start_recording(self, timeout: float = 10.0) -> dict[str, Any]:

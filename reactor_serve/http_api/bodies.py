@@ -13,6 +13,7 @@ message must name the field without echoing a huge value back.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,7 @@ from reactor_serve.protocol.track_mapping import (
     TrackMappingError,
     parse_track_mapping,
 )
-from reactor_serve.runtime.field_errors import value_depth
+from reactor_serve.runtime.field_errors import has_lone_surrogate, value_depth
 
 __all__ = [
     "MAX_CANDIDATES",
@@ -39,15 +40,19 @@ __all__ = [
     "MAX_MLINE_INDEX",
     "MAX_SDP_OFFER_BYTES",
     "MAX_TRACK_MAPPING",
+    "MAX_UPLOAD_MIME_TYPE_LENGTH",
+    "MAX_UPLOAD_NAME_LENGTH",
     "CandidatesBody",
     "InvalidBody",
     "OfferBody",
     "StartBody",
     "StopBody",
+    "UploadBody",
     "candidates_body",
     "offer_body",
     "start_body",
     "stop_body",
+    "upload_body",
 ]
 
 MAX_SDP_OFFER_BYTES = 64 * 1024
@@ -56,6 +61,13 @@ MAX_SDP_OFFER_BYTES = 64 * 1024
 # re-exported here with the other bounds.
 MAX_EXTRA_ARGS_BYTES = 16 * 1024
 MAX_EXTRA_ARGS_DEPTH = 16
+MAX_UPLOAD_NAME_LENGTH = 255
+MAX_UPLOAD_MIME_TYPE_LENGTH = 255
+# type/subtype, RFC 6838's restricted names, then any parameters (`; charset=utf-8`)
+# in printable ASCII.
+_MIME_TYPE = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*(;[\x20-\x7e]*)?"
+)
 
 class InvalidBody(ValueError):
     """A request body that does not fit its route; the message names the field."""
@@ -82,6 +94,13 @@ class CandidatesBody:
     # Normalised: `{"candidate", "sdpMid", "sdpMLineIndex"[, "usernameFragment"]}`.
     candidates: list[dict[str, Any]] = field(default_factory=list)
     is_final: bool = False
+
+
+@dataclass(frozen=True)
+class UploadBody:
+    name: str
+    size: int
+    mime_type: str
 
 
 # --------------------------------------------------------------------------- bodies
@@ -155,6 +174,32 @@ def candidates_body(data: dict[str, Any] | None) -> CandidatesBody:
     if not isinstance(is_final, bool):
         raise InvalidBody(f"is_final: must be a boolean, got {describe(is_final)}")
     return CandidatesBody(candidates=candidates, is_final=is_final)
+
+
+def upload_body(data: dict[str, Any] | None) -> UploadBody:
+    """`{"name", "size", "mime_type"}` of an upload to reserve. An `upload_id` the
+    client proposes is ignored: ids are the server's to mint."""
+    if data is None:
+        raise InvalidBody("request body required: a JSON object with name, size, mime_type")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidBody(f"name: must be a non-empty string, got {describe(name)}")
+    if len(name) > MAX_UPLOAD_NAME_LENGTH:
+        raise InvalidBody(f"name: {len(name)} characters, the limit is {MAX_UPLOAD_NAME_LENGTH}")
+    if has_lone_surrogate(name) or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise InvalidBody("name: holds control characters or lone surrogates")
+    size = data.get("size")
+    # bool is an int in Python, and true is no size.
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise InvalidBody(f"size: must be a positive integer (bytes), got {describe(size)}")
+    mime_type = data.get("mime_type")
+    if not isinstance(mime_type, str) or not mime_type:
+        raise InvalidBody(f"mime_type: must be a non-empty string, got {describe(mime_type)}")
+    if len(mime_type) > MAX_UPLOAD_MIME_TYPE_LENGTH or not _MIME_TYPE.fullmatch(mime_type):
+        raise InvalidBody(
+            f"mime_type: {describe(mime_type)} is not a MIME type like 'image/png'"
+        )
+    return UploadBody(name=name, size=size, mime_type=mime_type)
 
 
 # --------------------------------------------------------------------------- fields

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -41,6 +41,7 @@ from reactor_serve.http_api.bodies import (
     offer_body,
     start_body,
     stop_body,
+    upload_body,
 )
 from reactor_serve.http_api.middleware.cors import CORSMiddleware
 from reactor_serve.http_api.middleware.path_normalisation import (
@@ -57,6 +58,7 @@ from reactor_serve.http_api.middleware.token_auth import (
 )
 from reactor_serve.protocol.bounded_json import JSONBodyError, parse_json_object
 from reactor_serve.protocol.errors import (
+    UNKNOWN_UPLOAD,
     UNKNOWN_VIEWER_LINK,
     BackendError,
 )
@@ -65,11 +67,13 @@ from reactor_serve.sessions.contract import (
     ClientIdentity,
     SessionBackend,
     SessionInfo,
+    UploadBackend,
     ViewerBackend,
 )
 
 __all__ = [
     "MAX_ID_LENGTH",
+    "UPLOAD_PATH",
     "add_session_middleware",
     "session_app",
     "session_routes",
@@ -85,6 +89,10 @@ _CONNECTION_ID = re.compile(r"[0-9]{1,9}")
 _MAX_DETAIL = 500
 _MAX_RETRY_AFTER_S = 3600
 _WEBRTC = "/sessions/{sid}/transport/webrtc"
+# Upload ids are UUIDs (sessions/uploads/store.py).
+_UPLOAD_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# The one route whose body is a file, not a JSON document: it gets the upload bound.
+UPLOAD_PATH = re.compile(r".*/uploads/[^/]+")
 
 _F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
 
@@ -97,6 +105,7 @@ def add_session_middleware(
     *,
     auth_token: str | None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_upload_bytes: int = 0,
     public_paths: Iterable[str] = DEFAULT_PUBLIC_PATHS,
 ) -> None:
     """Install, once per app, the middleware the session routes rely on.
@@ -106,10 +115,14 @@ def add_session_middleware(
     the token prefix is found), token auth (`auth_token=None`: off), request limits
     (body size, URL length). Guards the whole app: pages, `/docs` and `/openapi.json`
     included; only `public_paths` (health, the web client's `_web/` files) go without
-    the token.
+    the token. `max_upload_bytes`: the body bound of an upload's `PUT` (the largest
+    file any model here takes; each backend then holds its own model to its bound).
     """
     # Starlette wraps each added middleware around the previous ones: add inside out.
-    app.add_middleware(RequestLimitsMiddleware, max_body_bytes=max_body_bytes)
+    app.add_middleware(
+        RequestLimitsMiddleware, max_body_bytes=max_body_bytes,
+        body_limits=(("PUT", UPLOAD_PATH, max_upload_bytes),) if max_upload_bytes > 0 else (),
+    )
     app.add_middleware(TokenAuthMiddleware, token=auth_token, public_paths=tuple(public_paths))
     app.add_middleware(PathNormalisationMiddleware)
     app.add_middleware(CORSMiddleware)
@@ -120,11 +133,12 @@ def session_app(
     *,
     server_version: str,
     auth_token: str | None = None,
+    max_upload_bytes: int = 0,
     **fastapi_kwargs: Any,
 ) -> FastAPI:
     """A FastAPI app serving the session routes at its root, with the middleware."""
     app = FastAPI(**fastapi_kwargs)
-    add_session_middleware(app, auth_token=auth_token)
+    add_session_middleware(app, auth_token=auth_token, max_upload_bytes=max_upload_bytes)
     app.include_router(session_routes(backend_for, server_version=server_version))
     return app
 
@@ -376,6 +390,7 @@ def session_routes(
     add(f"{conn}/ice_candidates", connection_ice_candidates, "POST",
         "connection_ice_candidates", status_code=202)
     _add_viewer_routes(router, backend_for)
+    _add_upload_routes(router, backend_for)
     return router
 
 
@@ -487,3 +502,63 @@ def _add_viewer_routes(
     add("/watch/{token}/ice_servers", watch_ice_servers, "GET", "watch_ice_servers")
     add("/watch/{token}/sdp_params", watch_offer, "POST", "watch_offer", status_code=202)
     add("/watch/{token}/sdp_params", watch_poll, "GET", "watch_answer")
+
+
+# --------------------------------------------------------------------------- uploads
+
+
+def _upload_backend(b: SessionBackend) -> UploadBackend:
+    if not callable(getattr(b, "create_upload", None)):
+        raise _Refused(404, "this server takes no uploads")
+    return b  # type: ignore[return-value]
+
+
+def _add_upload_routes(
+    router: APIRouter, backend_for: Callable[[Request], SessionBackend]
+) -> None:
+    """Files for a session's commands (sessions/uploads/). The owner, proven by the
+    session id in the path, reserves an upload and gets a URL holding its fresh id;
+    a `PUT` of exactly the reserved bytes to that URL completes it."""
+
+    @_answering
+    async def create_upload(request: Request, sid: str) -> JSONResponse:
+        sid = _session_id(sid)
+        body = upload_body(await _body(request))
+        upload_id = await _upload_backend(backend_for(request)).create_upload(
+            sid, body.name, body.size, body.mime_type
+        )
+        # The PUT URL under this base (a model's prefix included).
+        here = str(request.url.replace(query="")).rstrip("/")
+        base = here[: -len(f"/sessions/{sid}/uploads")]
+        return _json({
+            "presigned_id": upload_id,
+            "presigned_url": f"{base}/uploads/{upload_id}",
+            "path": f"sessions/{sid}/uploads/{upload_id}/{body.name}",
+            "upload_id": upload_id,
+        }, 201)
+
+    @_answering
+    async def write_upload(request: Request, upload_id: str) -> Response:
+        if not _UPLOAD_ID.fullmatch(upload_id):
+            raise _Refused(404, UNKNOWN_UPLOAD)
+        b = _upload_backend(backend_for(request))
+        size = await b.upload_size(upload_id)
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.strip() != str(size):
+            raise _Refused(400, f"Content-Length is {_safe_detail(declared)[:24]}; "
+                                f"the upload was reserved for {size} bytes")
+        # Read no further than the reservation, whatever the body (chunked) claims.
+        chunks: list[bytes] = []
+        received = 0
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > size:
+                raise _Refused(400, f"the body is longer than the {size} bytes reserved")
+            chunks.append(chunk)
+        await b.write_upload(upload_id, b"".join(chunks))
+        return Response(status_code=200)
+
+    router.add_api_route("/sessions/{sid}/uploads", create_upload, methods=["POST"],
+                         name="create_upload", status_code=201)
+    router.add_api_route("/uploads/{upload_id}", write_upload, methods=["PUT"],
+                         name="write_upload")

@@ -2,6 +2,7 @@
 
 from reactor_serve.interface.context import SessionContext, get_ctx
 from reactor_serve.interface.events import command, connected, disconnected, event
+from reactor_serve.interface.files import UploadedFile
 from reactor_serve.interface.legacy import ModelConfig, VideoModel, model
 from reactor_serve.interface.messages import ModelMessage
 from reactor_serve.interface.models import (
@@ -27,6 +28,7 @@ __all__ = [
     "ReactorModel",
     "ReactorPipeline",
     "SessionContext",
+    "UploadedFile",
     "Video",
     "VideoModel",
     "command",

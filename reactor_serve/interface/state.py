@@ -21,6 +21,8 @@ from pydantic import AfterValidator, ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
+from reactor_serve.interface.files import UploadedFile
+
 __all__ = [
     "FieldSpec",
     "InputField",
@@ -225,7 +227,11 @@ def _pydantic_field(spec: FieldSpec) -> tuple[Any, Any]:
     # JSON clients send strings as strings and numbers as numbers: anything else is a
     # type error, not something to coerce. Enums arrive as their values, so they stay
     # lax; pydantic has no strict mode for Literal, which is exact anyway.
-    if spec.annotation is not Any and not _contains(spec.annotation, _is_enum_or_literal):
+    # An UploadedFile checks its own type (interface/files.py), and pydantic has no
+    # strict mode for such a type.
+    if spec.annotation is not Any and not _contains(
+        spec.annotation, lambda a: _is_enum_or_literal(a) or a is UploadedFile
+    ):
         kwargs["strict"] = True
     if spec.required:
         return annotation, pydantic.Field(**kwargs)

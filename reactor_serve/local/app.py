@@ -91,7 +91,8 @@ def create_app(
     app.state.host = host
     app.state.load_error = None
     # CORS, doubled slashes, the token (pages and docs too), request limits.
-    add_session_middleware(app, auth_token=auth_token)
+    add_session_middleware(app, auth_token=auth_token,
+                           max_upload_bytes=backend.upload_settings.max_file_bytes)
     app.include_router(
         session_routes(lambda request: backend, server_version=__version__)
     )

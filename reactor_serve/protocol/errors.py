@@ -6,6 +6,8 @@ status, and the routes answer it as that status with the error's message (and a
 from __future__ import annotations
 
 __all__ = [
+    "NOT_CONNECTED_FOR_UPLOADS",
+    "UNKNOWN_UPLOAD",
     "UNKNOWN_VIEWER_LINK",
     "BackendError",
     "ModelBusy",
@@ -13,6 +15,10 @@ __all__ = [
     "NegotiationFailed",
     "OfferRejected",
     "UnknownSession",
+    "UnknownUpload",
+    "UploadConflict",
+    "UploadRejected",
+    "UploadTooLarge",
     "ViewerLimitReached",
     "ViewersUnavailable",
     "session_ended",
@@ -20,6 +26,11 @@ __all__ = [
 
 # What a viewer token that was never issued, was revoked, or whose session ended is
 # told: one answer for all three, so a token reveals nothing about a session.
+# What an upload id that was never reserved, belongs to another session, or whose
+# session ended is told: one answer for all three, so an id reveals nothing.
+UNKNOWN_UPLOAD = "unknown upload, or the session it belonged to has ended"
+# A session holds uploads once a model slot is its, which its first offer gets it.
+NOT_CONNECTED_FOR_UPLOADS = "the session is not connected yet: upload once its client has connected"
 UNKNOWN_VIEWER_LINK = "unknown viewer link, or the session it watched has ended"
 
 
@@ -86,3 +97,29 @@ class NegotiationFailed(BackendError):
     """Answering an offer failed for a reason other than the offer itself."""
 
     status = 500
+
+
+class UnknownUpload(BackendError):
+    """No such upload in this session (see UNKNOWN_UPLOAD)."""
+
+    status = 404
+
+
+class UploadRejected(BackendError):
+    """An upload's bytes that do not match what was reserved, or a reservation that
+    cannot be made (uploads off for the model, the session not live)."""
+
+    status = 400
+
+
+class UploadTooLarge(BackendError):
+    """A file over the model's `uploads.max_file_bytes`, or past the session's
+    `max_session_bytes` or `max_files`."""
+
+    status = 413
+
+
+class UploadConflict(BackendError):
+    """The upload already has its bytes: an upload is written once."""
+
+    status = 409

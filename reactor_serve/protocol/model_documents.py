@@ -22,20 +22,43 @@ import types
 import typing
 from typing import Any, Literal, Sequence
 
+from reactor_serve.interface.files import UploadedFile
 from reactor_serve.interface.messages import ModelMessage, snake_case
 from reactor_serve.interface.state import FieldSpec
 from reactor_serve.runtime.loading.model_spec import CommandSpec, ModelSpec
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "UPLOAD_REFERENCE",
     "capabilities",
     "command_param_schema",
+    "declares_files",
     "message_classes",
     "model_schema",
     "session_descriptor",
+    "unwrap_annotation",
 ]
 
 PROTOCOL_VERSION = "1.0"
+
+# How a client names a file it uploaded to its session, wherever a command takes an
+# `UploadedFile`: the OpenAPI component every such parameter refers to. The name and
+# format are the official runtime's, so its clients recognise a file parameter.
+UPLOAD_REFERENCE = "ReactorUploadReference"
+_UPLOAD_REFERENCE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "format": "reactor-upload-reference",
+    "description": "A file uploaded to this session: reserve it with POST "
+                   "{base}/sessions/{session_id}/uploads, PUT its bytes to the URL that "
+                   "returns, then name its upload_id here.",
+    "properties": {
+        "upload_id": {"type": "string", "format": "uuid"},
+        "name": {"type": "string"},
+        "mime_type": {"type": "string"},
+        "size": {"type": "integer"},
+    },
+    "required": ["upload_id"],
+}
 
 _ARRAY_BASES: tuple[type, ...] = (list, tuple, set, frozenset, collections.abc.Sequence,
                                   collections.abc.Set)
@@ -97,7 +120,7 @@ def model_schema(
     its code, so the module is the best place a class alone can point at).
     """
     found = message_classes(spec.cls) if messages is None else list(messages)
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": spec.name, "version": "1.0"},
         "x-reactor": {"tracks": _tracks(spec, {"out": "out", "in": "in"}), "fps": float(spec.fps)},
@@ -107,6 +130,18 @@ def model_schema(
         },
         "webhooks": _webhooks(found),
     }
+    if any(declares_files(p.annotation) for c in spec.commands.values() for p in c.params):
+        document["components"] = {"schemas": {UPLOAD_REFERENCE: dict(_UPLOAD_REFERENCE_SCHEMA)}}
+    return document
+
+
+def declares_files(annotation: Any) -> bool:
+    """Whether a value of this annotation may hold an `UploadedFile` (also inside
+    `Optional`, a list, a dict...)."""
+    annotation = unwrap_annotation(annotation)
+    if annotation is UploadedFile:
+        return True
+    return any(declares_files(a) for a in typing.get_args(annotation) if a is not Ellipsis)
 
 
 def message_classes(model_cls: type) -> list[type]:
@@ -285,7 +320,7 @@ def _tracks(spec: ModelSpec, directions: dict[str, str]) -> list[dict[str, str]]
 
 def _analyse(annotation: Any, *, with_items: bool) -> tuple[dict[str, Any], bool]:
     """(schema of the non-null part, whether null is allowed) for an annotation."""
-    annotation = _unwrap(annotation)
+    annotation = unwrap_annotation(annotation)
     origin = typing.get_origin(annotation)
     if annotation is None or annotation is type(None):
         return {}, True
@@ -299,6 +334,12 @@ def _analyse(annotation: Any, *, with_items: bool) -> tuple[dict[str, Any], bool
     base = origin or annotation
     if not isinstance(base, type):
         return {}, False  # Any, TypeVars, forward references we could not resolve
+    if base is UploadedFile:
+        # The OpenAPI document refers to its component; the flat capabilities say what
+        # the value is (an object, named by its format).
+        if with_items:
+            return {"$ref": f"#/components/schemas/{UPLOAD_REFERENCE}"}, False
+        return {"type": "object", "format": "reactor-upload-reference"}, False
     if issubclass(base, enum.Enum):
         return _enum_schema([_json_value(m.value)[1] for m in base]), False
     if issubclass(base, bool):
@@ -323,9 +364,9 @@ def _analyse(annotation: Any, *, with_items: bool) -> tuple[dict[str, Any], bool
     return {}, False
 
 
-def _unwrap(annotation: Any) -> Any:
-    # Annotated[...] metadata was already read into the FieldSpec's rules; NewType is
-    # its supertype on the wire.
+def unwrap_annotation(annotation: Any) -> Any:
+    """The type on the wire: without `Annotated[...]` (its metadata is already in the
+    FieldSpec's rules), a NewType as its supertype."""
     while True:
         if typing.get_origin(annotation) is typing.Annotated:
             annotation = typing.get_args(annotation)[0]

@@ -59,6 +59,7 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
             entry.max_session_s,
             admission_timeout_s=entry.admission_timeout_s,
             recording=entry.recording_settings(manifest.config).model_dump(mode="json"),
+            uploads=entry.upload_settings(manifest.config).model_dump(mode="json"),
         )
         # Only what names the model: its settings travel with its own deployment.
         # (Serve still restarts every deployment when the app's args change; the

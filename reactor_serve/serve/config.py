@@ -45,6 +45,7 @@ from pydantic import (
 from reactor_serve.rtc.settings import IceServer, WebRTCSettings
 from reactor_serve.serve.policy import POLICY_IMPORT_PATH
 from reactor_serve.sessions.recording.settings import RecordingSettings
+from reactor_serve.sessions.uploads.settings import UploadSettings
 
 __all__ = [
     "AppArgs",
@@ -60,6 +61,12 @@ _NAME_RULE = "lowercase letters, digits and hyphens, not starting with a hyphen"
 # Validation context key: `AppArgs.model_validate(data, context={BASE_DIR: dir})`
 # resolves relative model paths against `dir` (the config file's directory).
 BASE_DIR = "base_dir"
+
+
+# The model config sections a serve_config.yaml model entry may override, key by key.
+_OVERRIDABLE: dict[str, Any] = {
+    "webrtc": WebRTCSettings, "recording": RecordingSettings, "uploads": UploadSettings,
+}
 
 
 class ModelEntry(BaseModel):
@@ -98,6 +105,9 @@ class ModelEntry(BaseModel):
     # Overrides merged over the model config's `recording` section (RecordingSettings
     # keys, sessions/recording/settings.py): e.g. `{enabled: true, destination: s3://...}`.
     recording: dict[str, Any] | None = None
+    # Overrides merged over the model config's `uploads` section (UploadSettings keys,
+    # sessions/uploads/settings.py): e.g. `{max_file_bytes: 10000000}`.
+    uploads: dict[str, Any] | None = None
 
     @field_validator("path")
     @classmethod
@@ -131,40 +141,36 @@ class ModelEntry(BaseModel):
             raise ValueError(f"expected 'auto' or a number >= 0, got {value!r}")
         return number
 
-    @field_validator("webrtc")
+    @field_validator("webrtc", "recording", "uploads")
     @classmethod
-    def _check_webrtc_keys(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _check_section_keys(
+        cls, value: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
         # Only the keys are checked here: values are validated once merged with the
-        # model config's section (bitrate ordering needs both), in `webrtc_settings`.
+        # model config's section (bitrate ordering needs both), where they are used.
         if value:
-            unknown = sorted(set(value) - set(WebRTCSettings.model_fields))
+            known = _OVERRIDABLE[info.field_name].model_fields
+            unknown = sorted(set(value) - set(known))
             if unknown:
                 raise ValueError(
-                    f"unknown key(s) {', '.join(unknown)}; expected some of "
-                    f"{', '.join(WebRTCSettings.model_fields)}"
-                )
-        return value
-
-    @field_validator("recording")
-    @classmethod
-    def _check_recording_keys(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value:
-            unknown = sorted(set(value) - set(RecordingSettings.model_fields))
-            if unknown:
-                raise ValueError(
-                    f"unknown key(s) {', '.join(unknown)}; expected some of "
-                    f"{', '.join(RecordingSettings.model_fields)}"
+                    f"unknown key(s) {', '.join(unknown)}; expected some of {', '.join(known)}"
                 )
         return value
 
     def recording_settings(self, model_config: Mapping[str, Any] | None = None) -> RecordingSettings:
         """The model config's `recording` section with this entry's overrides; errors
         name the field (RecordingSettingsError)."""
-        section = dict((model_config or {}).get("recording") or {})
-        section.update(self.recording or {})
-        return RecordingSettings.from_config(
-            {"recording": section}, source=f"model {self.name or self.path!r}"
-        )
+        return self._overridden(RecordingSettings, "recording", model_config)
+
+    def upload_settings(self, model_config: Mapping[str, Any] | None = None) -> UploadSettings:
+        """The model config's `uploads` section with this entry's overrides; errors
+        name the field (UploadSettingsError)."""
+        return self._overridden(UploadSettings, "uploads", model_config)
+
+    def _overridden(self, settings: Any, key: str, model_config: Mapping[str, Any] | None) -> Any:
+        section = dict((model_config or {}).get(key) or {})
+        section.update(getattr(self, key) or {})
+        return settings.from_config({key: section}, source=f"model {self.name or self.path!r}")
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelEntry:

@@ -36,6 +36,7 @@ from reactor_serve.serve.grafana_dashboard import install_on_head
 from reactor_serve.serve.ingress_sessions import IngressSessions
 from reactor_serve.serve.metrics import IngressMetrics
 from reactor_serve.serve.session_directory import SessionDirectory
+from reactor_serve.sessions.uploads.settings import MAX_FILE_BYTES_CEILING
 
 __all__ = ["INGRESS_NAME", "make_ingress"]
 
@@ -86,7 +87,9 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
             )
 
     app = FastAPI(title="reactor-serve", version=__version__)
-    add_session_middleware(app, auth_token=auth_token)
+    # Each model's replica holds an upload to its own bound; the body of any is
+    # bounded by the ceiling before that, and by its reservation as it is read.
+    add_session_middleware(app, auth_token=auth_token, max_upload_bytes=MAX_FILE_BYTES_CEILING)
     app.include_router(session_routes(model_backend, server_version=__version__),
                        prefix="/models/{name}")
     app.include_router(session_routes(root_backend, server_version=__version__))

@@ -17,14 +17,19 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from reactor_serve.protocol.errors import (
+    NOT_CONNECTED_FOR_UPLOADS,
+    UNKNOWN_UPLOAD,
     UNKNOWN_VIEWER_LINK,
     BackendError,
     ModelUnavailable,
     OfferRejected,
     UnknownSession,
+    UnknownUpload,
+    UploadRejected,
     ViewersUnavailable,
     session_ended,
 )
@@ -308,14 +313,9 @@ class IngressSessions:
         return client_ice_servers(session_ice_servers(self._ice_servers, viewer_token))
 
     async def _watched(self, viewer_token: str) -> tuple[str, SessionRecord]:
-        try:
-            entry = await self._directory.viewer(viewer_token)
-        except Exception:
-            raise ModelUnavailable("the session directory is unavailable; retry shortly",
-                                   retry_after_s=1.0) from None
-        if not entry or entry.get("model") != self._spec.name:
-            raise UnknownSession(UNKNOWN_VIEWER_LINK)
-        session_id = str(entry.get("session_id"))
+        session_id = await self._linked_session(
+            self._directory.viewer, viewer_token, UnknownSession(UNKNOWN_VIEWER_LINK)
+        )
         try:
             record = await self._record(session_id, live=True)
         except UnknownSession:
@@ -336,6 +336,53 @@ class IngressSessions:
         except BackendError as exc:
             # A replica's message may name the session: a viewer must never learn it.
             raise type(exc)(str(exc).replace(session_id, "…"), exc.retry_after_s) from None
+
+    # ---- uploads (UploadBackend) ----------------------------------------------------
+    #
+    # The replica that owns a session holds its uploads; the directory maps each upload
+    # id to its session, so any ingress replica routes the upload's PUT there.
+
+    async def create_upload(self, session_id: str, name: str, size: int, mime_type: str) -> str:
+        record = await self._record(session_id, live=True)
+        if record["state"] != "placed":
+            raise UploadRejected(NOT_CONNECTED_FOR_UPLOADS)
+        upload_id = str(await self._on_replica(session_id, record, "create_upload", {
+            "name": name, "size": size, "mime_type": mime_type,
+        }))
+        await self._directory.put_upload(upload_id, session_id, self._spec.name)
+        return upload_id
+
+    async def upload_size(self, upload_id: str) -> int:
+        return int(await self._on_upload(upload_id, "upload_size", {}))
+
+    async def write_upload(self, upload_id: str, data: bytes) -> None:
+        await self._on_upload(upload_id, "write_upload", {"data": data})
+
+    async def _on_upload(self, upload_id: str, op: str, args: dict[str, Any]) -> Any:
+        session_id = await self._linked_session(
+            self._directory.upload, upload_id, UnknownUpload(UNKNOWN_UPLOAD)
+        )
+        try:
+            record = await self._record(session_id, live=True)
+            return await self._on_replica(session_id, record, op, {**args, "upload_id": upload_id})
+        except UnknownSession:
+            await self._directory.drop_uploads_of(session_id)
+            raise UnknownUpload(UNKNOWN_UPLOAD) from None
+
+    async def _linked_session(
+        self, read: Callable[[str], Awaitable[dict[str, Any] | None]], key: str,
+        unknown: BackendError,
+    ) -> str:
+        """The session a viewer token or an upload id leads to (`read`: the directory's
+        lookup), raising `unknown` when it leads to none of this model's."""
+        try:
+            entry = await read(key)
+        except Exception:
+            raise ModelUnavailable("the session directory is unavailable; retry shortly",
+                                   retry_after_s=1.0) from None
+        if not entry or entry.get("model") != self._spec.name:
+            raise unknown
+        return str(entry.get("session_id"))
 
     # ---- for the ingress ----------------------------------------------------------
 

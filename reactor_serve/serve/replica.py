@@ -35,6 +35,7 @@ from reactor_serve.serve import metrics
 from reactor_serve.serve.session_directory import SessionDirectory
 from reactor_serve.sessions.contract import AnswerPending, ClientIdentity, SessionState
 from reactor_serve.sessions.single_session import SingleSessionBackend
+from reactor_serve.sessions.uploads.settings import UploadSettings
 
 __all__ = ["SERVE_ACTOR_NAMESPACE", "ModelReplica", "control_call"]
 
@@ -61,6 +62,7 @@ class ModelReplica:
         max_session_s: float,
         admission_timeout_s: float = 60.0,
         recording: dict[str, Any] | None = None,
+        uploads: dict[str, Any] | None = None,
     ) -> None:
         self.model_name = model_name
         self._identity = _replica_identity()
@@ -77,6 +79,9 @@ class ModelReplica:
         self.sessions = SingleSessionBackend(self.host, self.settings)
         # The model's recording settings (config and serve_config.yaml, validated).
         self.sessions.recording_override = recording
+        # Its upload bounds (config and serve_config.yaml, validated by the app builder).
+        if uploads is not None:
+            self.sessions.upload_settings = UploadSettings.model_validate(uploads)
         self.sessions_started = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._metrics = metrics.ReplicaMetrics(model_name)
@@ -275,6 +280,14 @@ class ModelReplica:
                 value = await sessions.stop_unnamed(ClientIdentity(str(args["client"])))
             elif op in _VIEWER_OPS:
                 value = await _viewer_op(sessions, op, session_id, args)
+            elif op == "create_upload":
+                value = await sessions.create_upload(
+                    session_id, args["name"], args["size"], args["mime_type"]
+                )
+            elif op == "upload_size":
+                value = await sessions.upload_size(args["upload_id"])
+            elif op == "write_upload":
+                value = await sessions.write_upload(args["upload_id"], args["data"])
             elif op == "shutdown":
                 await sessions.end_session(session_id, EndReason.SHUTDOWN,
                                            "the server is shutting down")

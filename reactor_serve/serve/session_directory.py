@@ -55,6 +55,10 @@ class SessionDirectory:
         self._queue_prefix = f"{app_name}/queue/"
         self._models_prefix = f"{app_name}/model/"
         self._viewer_prefix = f"{app_name}/viewer/"
+        self._upload_prefix = f"{app_name}/upload/"
+        # `<session id>/<upload id>` for each upload: what to drop when the session ends,
+        # kept apart from the session's record, which has other writers.
+        self._uploads_of_prefix = f"{app_name}/uploads-of/"
 
     def _key(self, session_id: str) -> bytes:
         return (self._prefix + session_id).encode()
@@ -96,6 +100,8 @@ class SessionDirectory:
             return
         record.update(state="ended", end_reason=reason, end_message=message, ended_at=time.time())
         await self.put(session_id, record)
+        # The session's uploads went with it (on its replica); so do their ids.
+        await self.drop_uploads_of(session_id)
 
     async def delete(self, session_id: str) -> None:
         await asyncio.to_thread(_kv()._internal_kv_del, self._key(session_id),
@@ -173,23 +179,51 @@ class SessionDirectory:
                                       namespace=_NAMESPACE)
         return json.loads(raw) if raw else {}
 
-    # ---- viewer links -------------------------------------------------------------
+    # ---- viewer links and uploads ----------------------------------------------------
     #
-    # A viewer token leads to its session here, under a key of its own: the viewer
-    # routes find the session's replica without the viewer ever holding the session id.
+    # A viewer token, or an upload id, leads to its session here, under a key of its
+    # own: the viewer and upload routes find the session's replica without the
+    # request naming the session.
 
     async def put_viewer(self, viewer_token: str, session_id: str, model: str) -> None:
-        data = json.dumps({"session_id": session_id, "model": model}).encode()
-        await asyncio.to_thread(_kv()._internal_kv_put, (self._viewer_prefix + viewer_token).encode(),
-                                data, True, namespace=_NAMESPACE)
+        await self._put_link(self._viewer_prefix, viewer_token,
+                             {"session_id": session_id, "model": model})
 
     async def viewer(self, viewer_token: str) -> dict[str, Any] | None:
         """`{"session_id", "model"}` of a viewer token, or None."""
-        raw = await asyncio.to_thread(_kv()._internal_kv_get,
-                                      (self._viewer_prefix + viewer_token).encode(),
+        return await self._link(self._viewer_prefix, viewer_token)
+
+    async def drop_viewer(self, viewer_token: str) -> None:
+        await self._drop_link(self._viewer_prefix, viewer_token)
+
+    async def put_upload(self, upload_id: str, session_id: str, model: str) -> None:
+        await self._put_link(self._uploads_of_prefix, f"{session_id}/{upload_id}", {})
+        await self._put_link(self._upload_prefix, upload_id,
+                             {"session_id": session_id, "model": model})
+
+    async def upload(self, upload_id: str) -> dict[str, Any] | None:
+        """`{"session_id", "model"}` of an upload id, or None."""
+        return await self._link(self._upload_prefix, upload_id)
+
+    async def drop_uploads_of(self, session_id: str) -> None:
+        """Forget every upload id of a session."""
+        prefix = f"{self._uploads_of_prefix}{session_id}/"
+        keys = await asyncio.to_thread(_kv()._internal_kv_list, prefix.encode(),
+                                       namespace=_NAMESPACE)
+        for key in keys:
+            upload_id = key.decode()[len(prefix):]
+            await self._drop_link(self._upload_prefix, upload_id)
+            await self._drop_link(prefix, upload_id)
+
+    async def _put_link(self, prefix: str, key: str, entry: dict[str, Any]) -> None:
+        await asyncio.to_thread(_kv()._internal_kv_put, (prefix + key).encode(),
+                                json.dumps(entry).encode(), True, namespace=_NAMESPACE)
+
+    async def _link(self, prefix: str, key: str) -> dict[str, Any] | None:
+        raw = await asyncio.to_thread(_kv()._internal_kv_get, (prefix + key).encode(),
                                       namespace=_NAMESPACE)
         return json.loads(raw) if raw else None
 
-    async def drop_viewer(self, viewer_token: str) -> None:
-        await asyncio.to_thread(_kv()._internal_kv_del, (self._viewer_prefix + viewer_token).encode(),
+    async def _drop_link(self, prefix: str, key: str) -> None:
+        await asyncio.to_thread(_kv()._internal_kv_del, (prefix + key).encode(),
                                 namespace=_NAMESPACE)

@@ -22,6 +22,7 @@ __all__ = [
     "SessionBackend",
     "SessionInfo",
     "SessionState",
+    "UploadBackend",
     "ViewerBackend",
     "mask_session_id",
 ]
@@ -172,6 +173,26 @@ class SessionBackend(Protocol):
     def ice_servers(self, session_id: str) -> list[dict[str, Any]]:
         """`[{"uris": [...], "credentials"?: {"username", "password"}}]` for the client
         of `session_id`: TURN credentials minted from a secret are its own."""
+
+
+class UploadBackend(Protocol):
+    """What the upload routes need of a backend. The session id proves ownership when
+    an upload is reserved; the upload id it mints (random) is then the capability to
+    write that one upload's bytes. A session's uploads go when it ends."""
+
+    async def create_upload(self, session_id: str, name: str, size: int, mime_type: str) -> str:
+        """Reserve an upload of `size` bytes in a live session; returns its id. Raises
+        UnknownSession, UploadTooLarge, UploadRejected."""
+
+    async def upload_size(self, upload_id: str) -> int:
+        """The size a reserved upload was reserved with, asked before its body is read
+        (so a body that does not fit is refused unread). Raises UnknownUpload,
+        UploadConflict."""
+
+    async def write_upload(self, upload_id: str, data: bytes) -> None:
+        """The bytes of a reserved upload, exactly its size, once. Raises UnknownUpload
+        (never issued, or its session ended), UploadRejected (wrong length),
+        UploadConflict (already written)."""
 
 
 class ViewerBackend(Protocol):

@@ -45,6 +45,7 @@ from reactor_serve.runtime.command_queue import CommandQueue
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.log_throttle import LogThrottle
 from reactor_serve.sessions.recording.recorder import RECORDING_REQUESTS
+from reactor_serve.sessions.uploads.arguments import FileLookup, described, resolve_files
 from reactor_serve.sessions.wire_v1_requests import WireV1Requests
 
 __all__ = [
@@ -145,6 +146,8 @@ class InboundHandler:
         on_coalesced: Callable[[], None] | None = None,
         call_later: Callable[[float, Callable[[], None]], Any] | None = None,
         send_frame: Callable[[str, bytes], None] | None = None,
+        files: FileLookup | None = None,
+        track_control: Callable[[str, str], None] | None = None,
     ) -> None:
         self.session_id = session_id
         self._command = command
@@ -179,6 +182,11 @@ class InboundHandler:
         self._send_frame = send_frame
         self.wire: Wire | None = None
         self._v1 = WireV1Requests(self, send_frame) if send_frame is not None else None
+        # The session's uploads by id: upload references in a command's file-typed
+        # arguments become the files (sessions/uploads/arguments.py).
+        self._files = files
+        # `pause_track` / `resume_track` from the client, for its connection's tracks.
+        self._track_control = track_control
 
     def spec(self) -> Any:
         """The model's spec (commands, tracks), as it is now."""
@@ -257,17 +265,33 @@ class InboundHandler:
         # Held values go first: a token they wait for is theirs before a newer
         # command's, and an older value must never land after a newer one.
         self._release_held()
+        try:
+            resolved = self._resolve_files(name, args)
+        except channel_codec.BadCommand as exc:
+            self.reject(exc, command_id, reply=reply)
+            return
+        # The log shows what the client sent: references, not the files' bytes.
+        logged = described(resolved) if resolved is not args else args
         setter = self._is_setter(name)
         if setter and (name in self._held or not self.bucket.take()):
-            self._hold(name, args, command_id, reply)
+            self._hold(name, resolved, command_id, reply, logged)
         elif setter or self.admit(name, command_id if reply else None):
-            self._hand_on(name, args, command_id, reply)
+            self._hand_on(name, resolved, command_id, reply, logged)
 
-    def _hand_on(self, name: str, args: dict[str, Any], command_id: str | int | None, reply: bool) -> None:
+    def _resolve_files(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        command = getattr(self._spec(), "commands", {}).get(name)
+        if self._files is None or command is None:
+            return args
+        return resolve_files(name, command.params, args, self._files)
+
+    def _hand_on(
+        self, name: str, args: dict[str, Any], command_id: str | int | None, reply: bool,
+        logged: dict[str, Any],
+    ) -> None:
         self.counters.commands += 1
         command_id = self._call_command(name, args, command_id, reply)
         if self._on_command is not None:
-            self._on_command(name, args, None, command_id)
+            self._on_command(name, logged, None, command_id)
 
     def reject(self, exc: channel_codec.BadCommand, command_id: str | int | None, *, reply: bool = False) -> None:
         """Answer a command whose arguments cannot be accepted as sent, naming the field
@@ -314,7 +338,8 @@ class InboundHandler:
         return getattr(command, "kind", None) == "setter"
 
     def _hold(
-        self, name: str, args: dict[str, Any], command_id: str | int | None, reply: bool = False
+        self, name: str, args: dict[str, Any], command_id: str | int | None, reply: bool,
+        logged: dict[str, Any],
     ) -> None:
         self.counters.held += 1
         replaced = self._held.put((name, args, command_id, reply), name)
@@ -327,7 +352,7 @@ class InboundHandler:
         # Logged as it arrives, like every command handed on: the log is what the
         # client sent, in order; a value coalesced away was still accepted.
         if self._on_command is not None:
-            self._on_command(name, args, None, command_id)
+            self._on_command(name, logged, None, command_id)
         self._schedule_release()
 
     def _settle_replaced(self, name: str, args: dict[str, Any], command_id: str | int | None) -> None:
@@ -386,7 +411,9 @@ class InboundHandler:
             self.ignore("control", exc)
             return
         if request["type"] != "request":
-            return  # notifications (pause/resume/unpublish) need no answer
+            # Notifications need no answer.
+            self.control_track(request.get("event"), request["data"].get("name"))
+            return
         if not self.admit(None):
             return
         name = request["data"].get("name")
@@ -403,6 +430,16 @@ class InboundHandler:
         self._send_control(reply)
 
     # ---- shared -------------------------------------------------------------------
+
+    def control_track(self, event: Any, name: Any) -> None:
+        """A `pause_track` or `resume_track` notification naming one of the tracks the
+        session sends this client; anything else is nothing to do."""
+        if (
+            self._track_control is not None
+            and event in ("pause_track", "resume_track")
+            and isinstance(name, str)
+        ):
+            self._track_control(event, name)
 
     def admit(self, command: str | None, request_id: str | int | None = None) -> bool:
         """Spend a token; past the limit, drop the frame and, for a command, tell the

@@ -72,10 +72,21 @@ class PacedVideoTrack(MediaStreamTrack):
         self._fresh = asyncio.Event()
         # Frames presented while the encoder was still busy with an earlier one.
         self.superseded = 0
+        # The client paused this track (`pause_track`): frames are not sent until
+        # `resume_track`; the encoder then takes the next one presented.
+        self.paused = False
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
 
     def offer(
         self, image: np.ndarray, pts: int, presented: PresentedFrame | None = None
     ) -> None:
+        if self.paused:
+            return
         if self._fresh.is_set():
             self.superseded += 1
         self._latest = (image, pts)
@@ -140,8 +151,26 @@ class PacedAudioTrack(MediaStreamTrack):
         self._start: float | None = None
         self._pts = 0
         self.dropped_samples = 0
+        # Cleared while the client has the track paused (`pause_track`): nothing is
+        # sent, not even silence, and the audio made meanwhile is dropped.
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._flowing.is_set()
+
+    def pause(self) -> None:
+        self._flowing.clear()
+        self._queue.clear()
+        self._queued = 0
+
+    def resume(self) -> None:
+        self._flowing.set()
 
     def offer(self, chunk: np.ndarray) -> None:
+        if self.paused:
+            return
         if chunk.shape[0] != self.channels:
             chunk = (
                 np.repeat(chunk, 2, axis=0)
@@ -159,6 +188,12 @@ class PacedAudioTrack(MediaStreamTrack):
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
+        if self.paused:
+            await self._flowing.wait()
+            if self.readyState != "live":
+                raise MediaStreamError
+            # Paced afresh from now: the pause is no debt to catch up on.
+            self._start = time.monotonic() - self._pts / AUDIO_CLOCK_RATE
         now = time.monotonic()
         if self._start is None:
             self._start = now
@@ -177,6 +212,10 @@ class PacedAudioTrack(MediaStreamTrack):
         frame.time_base = AUDIO_TIME_BASE
         self._pts += AUDIO_FRAME_SAMPLES
         return frame
+
+    def stop(self) -> None:
+        super().stop()
+        self._flowing.set()  # wake a paused recv() so it can raise
 
     def _take(self, count: int) -> np.ndarray:
         out = np.zeros((self.channels, count), dtype=np.int16)

@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable
 
 from aiortc import RTCDataChannel, RTCPeerConnection
 
+from reactor_serve.interface.files import UploadedFile
 from reactor_serve.protocol import channel_codec
 from reactor_serve.protocol.errors import OfferRejected, session_ended
 from reactor_serve.protocol.wire_v1 import codec as wire_v1
@@ -45,6 +46,7 @@ from reactor_serve.sessions.offer_answering import Answer, OfferAnswerer, check_
 from reactor_serve.sessions.orphan_timer import OrphanTimer
 from reactor_serve.sessions.outbox import Outbox
 from reactor_serve.sessions.recording.recorder import SessionRecordings
+from reactor_serve.sessions.uploads.store import SessionUploads
 from reactor_serve.sessions.viewers.room import ViewerRoom
 
 __all__ = ["PeerSession"]
@@ -128,6 +130,9 @@ class PeerSession:
         self.recordings: SessionRecordings | None = None
         self.extra_args: dict[str, Any] = {}
         self.recording_override: dict[str, Any] | None = None
+        # The files the client uploaded to this session (its backend's store), which
+        # its commands name by id; None: the session takes none.
+        self.uploads: SessionUploads | None = None
         apply_bitrate_range(settings)
 
     # ---- state ------------------------------------------------------------------
@@ -528,7 +533,26 @@ class PeerSession:
             recording=recording,
             on_coalesced=coalesced,
             send_frame=self._send_frame,
+            files=self._uploaded_file,
+            track_control=self._control_track,
         )
+
+    def _control_track(self, event: str, name: str) -> None:
+        # The current connection's tracks only: a new connection starts every track
+        # flowing (the official SDK resumes its tracks on each connect).
+        for track in self._pc_tracks:
+            if getattr(track, "name", None) != name or not hasattr(track, "pause"):
+                continue
+            if event == "pause_track":
+                track.pause()
+            else:
+                track.resume()
+
+    def _uploaded_file(self, upload_id: str) -> UploadedFile | str:
+        uploads = self.uploads
+        if uploads is None:
+            return "this session takes no uploads"
+        return uploads.file(upload_id)
 
     def _send_frame(self, label: str, frame: bytes) -> None:
         self._outbox.send(frame, label)

@@ -17,11 +17,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from reactor_serve.protocol.errors import (
+    NOT_CONNECTED_FOR_UPLOADS,
+    UNKNOWN_UPLOAD,
     BackendError,
     ModelBusy,
     ModelUnavailable,
     NegotiationFailed,
     UnknownSession,
+    UnknownUpload,
+    UploadRejected,
     session_ended,
 )
 from reactor_serve.rtc.ice_servers import client_ice_servers, session_ice_servers
@@ -38,6 +42,8 @@ from reactor_serve.sessions.contract import (
     mask_session_id,
 )
 from reactor_serve.sessions.negotiations import Negotiations
+from reactor_serve.sessions.uploads.settings import UploadSettings
+from reactor_serve.sessions.uploads.store import SessionUploads
 from reactor_serve.sessions.viewers.links import ViewerLinks
 
 if TYPE_CHECKING:
@@ -69,12 +75,14 @@ class _Slot:
         client: ClientIdentity,
         peer: PeerSession,
         negotiations: Negotiations,
+        uploads: SessionUploads,
     ) -> None:
         self.info = info
         self.client = client
         # None once the session has ended (SingleSessionBackend._release).
         self.peer: PeerSession | None = peer
         self.negotiations = negotiations
+        self.uploads = uploads
         self.closing: asyncio.Task[None] | None = None
 
     def ended_error(self) -> UnknownSession:
@@ -130,6 +138,10 @@ class SingleSessionBackend:
         # The model's `recording` settings, validated, for every session's recorder
         # (sessions/recording/recorder.py); None: read from the model config per session.
         self.recording_override: dict[str, Any] | None = None
+        # The model config's `uploads` bounds; a bad section fails here, at start.
+        self.upload_settings = UploadSettings.from_config(
+            getattr(host, "config", None), source=f"model {host.spec.name}"
+        )
         self._current: _Slot | None = None
         self._ended: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
         # Tasks we start, referenced until done (the loop keeps weak references).
@@ -199,8 +211,12 @@ class SingleSessionBackend:
         # Start options (`record`, sessions/recording/recorder.py) travel with the peer.
         peer.extra_args = dict(extra_args)
         peer.recording_override = self.recording_override
+        uploads = SessionUploads(self.upload_settings)
+        # The peer's commands name uploads by id (sessions/uploads/arguments.py).
+        peer.uploads = uploads
         slot = self._current = _Slot(
-            info, client or ClientIdentity(""), peer, Negotiations(sid, self._offer_timeout_s)
+            info, client or ClientIdentity(""), peer, Negotiations(sid, self._offer_timeout_s),
+            uploads,
         )
         self._arm_expiry(slot)
         return _snapshot(slot)
@@ -316,6 +332,27 @@ class SingleSessionBackend:
         busy = 1 if self._current is not None and replicas else 0
         return {"replicas": replicas, "starting": 0, "busy": busy, "free": replicas - busy,
                 "waiting": 0, "max_replicas": 1}
+
+    # ---- UploadBackend ---------------------------------------------------------------
+
+    async def create_upload(self, session_id: str, name: str, size: int, mime_type: str) -> str:
+        slot = self._live_slot(session_id)
+        # As on Serve, where no replica holds a session before its first offer.
+        if slot.info.state == SessionState.CREATED:
+            raise UploadRejected(NOT_CONNECTED_FOR_UPLOADS)
+        return slot.uploads.reserve(name, size, mime_type)
+
+    async def upload_size(self, upload_id: str) -> int:
+        return self._uploads_of(upload_id).size_of(upload_id)
+
+    async def write_upload(self, upload_id: str, data: bytes) -> None:
+        self._uploads_of(upload_id).write(upload_id, data)
+
+    def _uploads_of(self, upload_id: str) -> SessionUploads:
+        current = self._current
+        if current is None or current.closing is not None or not current.uploads.owns(upload_id):
+            raise UnknownUpload(UNKNOWN_UPLOAD)
+        return current.uploads
 
     # ---- ViewerBackend: watch-only links ----------------------------------------------
 
@@ -520,6 +557,8 @@ class SingleSessionBackend:
 
     def _release(self, slot: _Slot) -> None:
         self.viewer_links.forget(slot)
+        # Uploaded bytes go with the session, whatever ended it.
+        slot.uploads.clear()
         slot.info.state = SessionState.ENDED
         if self._current is slot:
             self._current = None

@@ -51,6 +51,7 @@ class CommandIntake(Protocol):
     def reject(self, exc: BadCommand, command_id: str | int | None, *, reply: bool = False) -> None: ...
 
     def ignore(self, channel: str, exc: Exception) -> None: ...
+    def control_track(self, event: Any, name: Any) -> None: ...
 
 
 class WireV1Requests:
@@ -104,6 +105,8 @@ class WireV1Requests:
             self._refuse(wire_v1.CONTROL, exc.request_id, exc)
             return
         request_id, method = request.request_id, request.method
+        if method in ("pause_track", "resume_track"):
+            handler.control_track(method, request.payload.name)
         if not request_id or method in ("ping", "pause_track", "resume_track", "unpublish_track",
                                         "file_uploaded", "client_stats", "error"):
             # Notifications: liveness (noted by the caller) and state the client keeps;

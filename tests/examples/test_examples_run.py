@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import connected
+from images import png_of
 from paths import ROOT
 
+from reactor_serve.interface import UploadedFile
 from reactor_serve.runtime.local_client import LocalClient, ReceivedFrame
 from reactor_serve.scaffold import init_model
 
@@ -130,7 +132,7 @@ async def test_webcam_style_filters_the_camera(host_of):
     host = host_of(EXAMPLES / "webcam_style")
     assert [t.name for t in host.spec.inputs] == ["camera"]
     assert host.spec.commands["set_style"].params[0].choices == (
-        "none", "oil_paint", "sketch", "thermal",
+        "none", "oil_paint", "sketch", "thermal", "palette",
     )
     picture = camera_picture()
     async with connected(host) as client:
@@ -174,6 +176,20 @@ async def test_webcam_style_filters_the_camera(host_of):
         client.send_command("set_strength", {"strength": 1.5})
         error = await client.next_message("commandError", after=mark + 1)
         assert error["data"]["errors"][0]["field"] == "strength"
+
+        # set_palette reads an uploaded image: its average colour tints the luminance.
+        client.send_command("set_strength", {"strength": 1.0})
+        client.send_command("set_palette", {"image": UploadedFile(
+            "orange.png", "image/png", png_of((200, 100, 0)))})
+        read = await client.next_message("palette_set", scope="application")
+        assert read["data"] == {"name": "orange.png", "width": 8, "height": 6,
+                                "colour": [200, 100, 0]}
+        tinted = (await styled(client, picture)).astype(int)
+        expected = luma[..., None] * np.array([200, 100, 0]) / 255
+        assert np.abs(tinted - expected).max() <= 2
+        client.send_command("set_palette", {"image": UploadedFile("a.txt", "text/plain", b"hi")})
+        refused = await client.next_message("palette_refused", scope="application")
+        assert refused["data"]["name"] == "a.txt" and "not an image" in refused["data"]["reason"]
 
     # @disconnected closed the camera; @connected of the next session reopens it with
     # the default style.

@@ -539,3 +539,52 @@ def test_documents_do_not_share_state(knobs):
     first = capabilities(spec)
     first["commands"][0]["schema"]["strength"]["minimum"] = 99
     assert capabilities(spec)["commands"][0]["schema"]["strength"]["minimum"] == 0.0
+
+
+# --- uploaded files ---------------------------------------------------------------------
+
+FILES = """
+from reactor_serve.interface import UploadedFile
+
+
+@dataclass
+class Out(Output):
+    main_video: Video
+
+
+class Files(ReactorPipeline):
+    output: Out
+
+    @event
+    def set_image(self, image: UploadedFile, masks: Optional[list[UploadedFile]] = None):
+        pass
+
+    @event
+    def plain(self, x: int = 0):
+        pass
+
+    def inference(self):
+        yield None
+"""
+
+
+def test_file_parameters_refer_to_the_upload_reference(make_module):
+    spec = inspect_model(make_module(FILES).Files)
+    doc = model_schema(spec)
+    ref = {"$ref": "#/components/schemas/ReactorUploadReference"}
+    props = body_schema(doc, "set_image")["properties"]
+    assert {k: props["image"][k] for k in ref} == ref
+    assert props["masks"]["anyOf"] == [{"type": "array", "items": ref}, {"type": "null"}]
+    assert body_schema(doc, "set_image")["required"] == ["image"]
+    component = doc["components"]["schemas"]["ReactorUploadReference"]
+    assert component["format"] == "reactor-upload-reference"
+    assert component["required"] == ["upload_id"]
+    assert set(component["properties"]) == {"upload_id", "name", "mime_type", "size"}
+    flat = commands_of(capabilities(spec))["set_image"]["schema"]
+    assert flat["image"] == {"type": "object", "format": "reactor-upload-reference", "required": True}
+    assert json.loads(json.dumps(doc, allow_nan=False)) == doc
+
+
+def test_a_model_without_file_parameters_has_no_components(knobs):
+    _, spec = knobs
+    assert "components" not in model_schema(spec)

@@ -23,6 +23,8 @@ from reactor_serve.protocol.errors import ModelBusy, OfferRejected, UnknownSessi
 from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.runtime.loading.model_spec import ModelSpec, inspect_model
 from reactor_serve.sessions.contract import AnswerPending, ClientIdentity, SessionInfo
+from reactor_serve.sessions.uploads.settings import UploadSettings
+from reactor_serve.sessions.uploads.store import SessionUploads
 
 __all__ = [
     "CANDIDATE",
@@ -76,6 +78,11 @@ class FakeBackend:
         self.raise_next: BaseException | None = None
         self._n = 0
         self._cid = 100
+        # One store for every session: the routes' rules, not the ownership, are what
+        # tests over this backend check.
+        self.uploads = SessionUploads(
+            UploadSettings(max_file_bytes=1000, max_session_bytes=3000, max_files=5)
+        )
 
     @property
     def spec(self) -> ModelSpec:
@@ -199,6 +206,19 @@ class FakeBackend:
 
     def ice_servers(self, session_id: str) -> list[dict[str, Any]]:
         return [{"uris": ["stun:stun.example.org:3478"]}]
+
+    async def create_upload(self, session_id: str, name: str, size: int, mime_type: str) -> str:
+        self._call("create_upload", session_id, name, size, mime_type)
+        self._get(session_id)
+        return self.uploads.reserve(name, size, mime_type)
+
+    async def upload_size(self, upload_id: str) -> int:
+        self._call("upload_size", upload_id)
+        return self.uploads.size_of(upload_id)
+
+    async def write_upload(self, upload_id: str, data: bytes) -> None:
+        self._call("write_upload", upload_id, len(data))
+        self.uploads.write(upload_id, data)
 
     def called(self, name: str) -> list[tuple]:
         """The arguments of every call to `name`, in order."""

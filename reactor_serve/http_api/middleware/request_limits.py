@@ -5,6 +5,9 @@
   in and refused as soon as it passes the limit, so a 20 MB upload is never buffered.
   Either way the answer is 413 naming the limit.
 - The URL: path plus query string at most `max_url_bytes`, else 414.
+- `body_limits`: `(method, path pattern, limit)` rules for the few routes whose body is
+  a file rather than a document (an upload's `PUT`); the first that matches replaces
+  `max_body_bytes` for that request.
 
 The routes then bound each field (see `http_api/bodies.py`); this layer keeps the
 memory one request can take small whatever route it hits.
@@ -12,7 +15,8 @@ memory one request can take small whatever route it hits.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+import re
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -58,10 +62,19 @@ class RequestLimitsMiddleware:
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_url_bytes: int = DEFAULT_MAX_URL_BYTES,
+        body_limits: Sequence[tuple[str, re.Pattern[str], int]] = (),
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_url_bytes = max_url_bytes
+        self.body_limits = tuple(body_limits)
+
+    def body_limit(self, method: str, path: str) -> int:
+        """The body bound of a request."""
+        for rule_method, pattern, limit in self.body_limits:
+            if method == rule_method and pattern.fullmatch(path):
+                return limit
+        return self.max_body_bytes
 
     async def __call__(self, scope: _Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -74,16 +87,16 @@ class RequestLimitsMiddleware:
             await _refuse(scope, receive, send, 414,
                           f"URL too long: the limit is {self.max_url_bytes} bytes")
             return
+        limit = self.body_limit(scope.get("method", ""), scope["path"])
         declared = _content_length(scope)
         if declared == -1:
             await _refuse(scope, receive, send, 400,
                           "Content-Length is not a non-negative integer")
             return
-        if declared is not None and declared > self.max_body_bytes:
-            await _refuse(scope, receive, send, 413, _too_large(self.max_body_bytes))
+        if declared is not None and declared > limit:
+            await _refuse(scope, receive, send, 413, _too_large(limit))
             return
 
-        limit = self.max_body_bytes
         received = 0
         started = False
 

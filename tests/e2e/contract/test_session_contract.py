@@ -507,3 +507,64 @@ async def test_the_connections_flow(server, track):
         await wait_state(http, server, sid, "streaming", forbidden=("ended",))
         unregistered = await http.get(f"{base}/connections/4242/sdp_params")
         assert unregistered.status_code == 404, shown(unregistered)
+
+
+# --------------------------------------------------------------------------- uploads
+
+
+async def test_uploads_belong_to_a_connected_session_and_go_with_it(server, track):
+    upload = {"name": "notes.txt", "size": 11, "mime_type": "text/plain"}
+    async with http_client() as http:
+        descriptor = await start(http, server, track)
+        sid = descriptor["session_id"]
+        early = await http.post(f"{server.base}/sessions/{sid}/uploads", json=upload)
+        assert early.status_code == 400 and "not connected yet" in early.text, shown(early)
+        await open_peer(http, server, track, descriptor)
+
+        reserved = await http.post(f"{server.base}/sessions/{sid}/uploads", json=upload)
+        assert reserved.status_code == 201, shown(reserved)
+        url = reserved.json()["presigned_url"]
+        assert url.startswith(server.base + "/uploads/"), url
+        short = await http.put(url, content=b"hello")
+        assert short.status_code == 400 and "11" in short.text, shown(short)
+        written = await http.put(url, content=b"hello world", headers={"content-type": "text/plain"})
+        assert written.status_code == 200, shown(written)
+        again = await http.put(url, content=b"hello world")
+        assert again.status_code == 409, shown(again)
+
+        too_big = await http.post(f"{server.base}/sessions/{sid}/uploads",
+                                  json={**upload, "size": 10**12})
+        assert too_big.status_code == 413, shown(too_big)
+        forged = await http.put(f"{server.base}/uploads/{secrets.token_hex(4)}-0000-4000-8000-"
+                                f"{secrets.token_hex(6)}", content=b"x")
+        assert forged.status_code == 404, shown(forged)
+        pending = (await http.post(f"{server.base}/sessions/{sid}/uploads", json=upload)).json()
+
+        stop = await http.post(f"{server.base}/stop_session", json={"session_id": sid})
+        assert stop.status_code == 200, shown(stop)
+        await wait_state(http, server, sid, "ended")
+        # The session's uploads ended with it: a late PUT, and a late reservation, fail.
+        late = await http.put(pending["presigned_url"], content=b"hello world")
+        assert late.status_code == 404, shown(late)
+        after = await http.post(f"{server.base}/sessions/{sid}/uploads", json=upload)
+        assert after.status_code == 404, shown(after)
+
+
+async def test_another_sessions_upload_cannot_be_written(server, track):
+    upload = {"name": "a.bin", "size": 3, "mime_type": "application/octet-stream"}
+    async with http_client() as http:
+        first = await start(http, server, track)
+        await open_peer(http, server, track, first)
+        reserved = await http.post(f"{server.base}/sessions/{first['session_id']}/uploads",
+                                   json=upload)
+        assert reserved.status_code == 201, shown(reserved)
+        await http.post(f"{server.base}/stop_session", json={"session_id": first["session_id"]})
+        await wait_state(http, server, first["session_id"], "ended")
+        second = await start(http, server, track)
+        await open_peer(http, server, track, second)
+        # The first session's id means nothing in the second's: 404, nothing written.
+        stolen = await http.put(reserved.json()["presigned_url"], content=b"abc")
+        assert stolen.status_code == 404, shown(stolen)
+        own = await http.post(f"{server.base}/sessions/{second['session_id']}/uploads", json=upload)
+        assert own.status_code == 201, shown(own)
+        assert (await http.put(own.json()["presigned_url"], content=b"abc")).status_code == 200

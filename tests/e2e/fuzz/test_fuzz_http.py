@@ -202,6 +202,7 @@ def fuzz_corpus(sid: str, cid: int) -> list[FuzzCase]:
         ("POST", f"{conn}/sdp_params", ("sdp_offer", "track_mapping", "client_info")),
         ("PUT", f"{conn}/sdp_params", ("sdp_offer", "track_mapping", "client_info")),
         ("POST", f"{conn}/ice_candidates", ("candidates", "is_final")),
+        ("POST", f"/sessions/{sid}/uploads", ("name", "size", "mime_type")),
     ]
     get_routes = [
         "/session", "/health", f"{base}/ice_servers", f"{base}/sdp_params",
@@ -257,12 +258,25 @@ def fuzz_corpus(sid: str, cid: int) -> list[FuzzCase]:
             cases.append(FuzzCase(method, path, content, _JSON, f"{method} sid {odd[:20]!r}"))
         cases.append(FuzzCase("POST", "/stop_session", _body({"session_id": odd}), _JSON,
                               f"stop sid {odd[:20]!r}"))
+        cases.append(FuzzCase("POST", f"/sessions/{odd}/uploads",
+                              _body({"name": "a", "size": 1, "mime_type": "a/b"}), _JSON,
+                              f"upload sid {odd[:20]!r}"))
+        cases.append(FuzzCase("PUT", f"/uploads/{odd}", b"x", (), f"PUT upload {odd[:20]!r}"))
     for odd in ODD_CONNECTION_IDS:
         for method, suffix in [("GET", "sdp_params"), ("POST", "sdp_params"),
                                ("PUT", "sdp_params"), ("POST", "ice_candidates")]:
             content = _body({"sdp_offer": SDP_HEAD}) if method != "GET" else None
             cases.append(FuzzCase(method, f"{base}/connections/{odd}/{suffix}", content, _JSON,
                                   f"{method} cid {odd[:20]!r} {suffix}"))
+
+    # Upload bodies of every size against ids never issued, and lying lengths.
+    never = "00000000-0000-4000-8000-000000000000"
+    for label, content in (("empty", b""), ("a byte", b"x"), ("200 KiB", b"x" * 200_000),
+                           ("2 MiB", b"x" * 2_000_000)):
+        cases.append(FuzzCase("PUT", f"/uploads/{never}", content, (), f"PUT never issued {label}"))
+    for length in ("0", "-1", "abc", "1e3", "99999999999999999999999", " 5 "):
+        cases.append(FuzzCase("PUT", f"/uploads/{never}", b"x", (("content-length", length),),
+                              f"PUT never issued content-length {length!r}"))
 
     # Odd queries and paths.
     for query in ("session_id", "session_id=", "session_id=a&session_id=b", "x=" + "y" * 5000,

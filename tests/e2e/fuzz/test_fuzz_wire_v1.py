@@ -14,14 +14,12 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from bare_peer import BarePeer, open_bare_peer, wait_for
 
 from reactor_serve.protocol.wire_v1 import common_pb2, control_pb2, data_pb2
-from reactor_serve.protocol.wire_version import Wire
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.scaffold import init_model
 from reactor_serve.sessions.peer_session import PeerSession
@@ -64,65 +62,23 @@ def deeply_nested_command(request_id: str, depth: int) -> bytes:
     return field_bytes(1, request_id.encode()) + field_bytes(10, command_body)
 
 
-@dataclass
-class V1Client:
-    pc: RTCPeerConnection
-    data: Any
-    control: Any
-    replies: dict[str, list[Any]] = field(default_factory=lambda: {"data": [], "control": []})
-    frames: int = 0
-
-
 @pytest.fixture
 def gradient_dir(tmp_path):
     init_model(tmp_path / "gradient", "gradient")
     return tmp_path / "gradient"
 
 
-async def wait_for(predicate, timeout, what):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 @pytest.fixture
 async def live(host_of, gradient_dir):
     host = host_of(gradient_dir)
     peer = PeerSession(host, WebRTCSettings(loopback_candidates=True))
-    pc = RTCPeerConnection()
-    video = pc.addTransceiver("video", direction="recvonly")
-    client = V1Client(pc, pc.createDataChannel("data"), pc.createDataChannel("control"))
-    client.data.on("message", lambda raw: client.replies["data"].append(
-        data_pb2.DataServerMessage.FromString(raw) if isinstance(raw, bytes) else raw))
-    client.control.on("message", lambda raw: client.replies["control"].append(
-        control_pb2.ControlServerMessage.FromString(raw) if isinstance(raw, bytes) else raw))
-
-    async def receive() -> None:
-        while True:
-            await video.receiver.track.recv()
-            client.frames += 1
-
-    await pc.setLocalDescription(await pc.createOffer())
-    answer = await peer.answer(pc.localDescription.sdp, [
-        {"mid": video.mid, "name": "main_video", "kind": "video", "direction": "recvonly"},
-    ])
-    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
-    receiving = asyncio.ensure_future(receive())
-    await wait_for(lambda: client.data.readyState == client.control.readyState == "open", 15,
-                   "both channels open")
-    ping = control_pb2.ControlClientMessage(kind=common_pb2.MESSAGE_KIND_NOTIFICATION)
-    ping.ping.SetInParent()
-    client.control.send(ping.SerializeToString())  # the first frame: v1 from here on
-    await wait_for(lambda: peer.wire is Wire.V1, 10, "the session to take wire v1")
-    await wait_for(lambda: client.frames >= 3, 15, "video")
+    client = await open_bare_peer(peer)
     yield host, peer, client
-    receiving.cancel()
-    await pc.close()
+    await client.close()
     await peer.close()
 
 
-def answered(client: V1Client) -> dict[str, list[Any]]:
+def answered(client: BarePeer) -> dict[str, list[Any]]:
     ids: dict[str, list[Any]] = {}
     for label in ("data", "control"):
         for reply in client.replies[label]:

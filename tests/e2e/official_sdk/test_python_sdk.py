@@ -5,12 +5,15 @@ each request: these tests are what it does, on `reactor run` and through Serve.
 """
 
 import asyncio
+import contextlib
 import time
+import uuid
 
 import httpx
 import numpy as np
 import pytest
-from reactor_sdk import BadRequestError, Reactor, ReactorStatus
+from images import png_of
+from reactor_sdk import BadRequestError, FileRef, Reactor, ReactorStatus
 
 GRADIENT = "examples/gradient"
 WEBCAM = "examples/webcam_style"
@@ -18,6 +21,17 @@ WEBCAM = "examples/webcam_style"
 
 def client(url, model):
     return Reactor(model_name=model, local=True, api_url=url)
+
+
+@contextlib.asynccontextmanager
+async def connected(url, model):
+    """A connected SDK client, disconnected afterwards."""
+    reactor = client(url, model)
+    await reactor.connect()
+    try:
+        yield reactor
+    finally:
+        await reactor.disconnect()
 
 
 async def frames(reactor, track, count, timeout=30.0):
@@ -66,9 +80,7 @@ async def steer(reactor):
 
 async def test_sdk_steers_reactor_run_and_keeps_its_session_across_reconnect(reactor_run):
     run = reactor_run(GRADIENT)
-    reactor = client(run.url, "gradient")
-    await reactor.connect()
-    try:
+    async with connected(run.url, "gradient") as reactor:
         assert reactor.status == ReactorStatus.READY
         first = await frames(reactor, "main_video", 1)
         assert first[0].shape == (480, 640, 3)
@@ -78,8 +90,6 @@ async def test_sdk_steers_reactor_run_and_keeps_its_session_across_reconnect(rea
         assert reactor.session_id == session_id
         assert await reactor.send_command("set_brightness", {"brightness": 1.5}) is None
         await frames(reactor, "main_video", 5)
-    finally:
-        await reactor.disconnect()
     # Disconnecting ends the session on the server, as the client closing it.
     deadline = time.monotonic() + 20
     while (answer := httpx.get(f"{run.url}/session", params={"session_id": session_id}).json())["state"] != "ended":
@@ -91,9 +101,7 @@ async def test_sdk_steers_reactor_run_and_keeps_its_session_across_reconnect(rea
 
 async def test_sdk_camera_reaches_the_model_and_is_published_again_after_reconnect(reactor_run):
     run = reactor_run(WEBCAM)
-    reactor = client(run.url, "webcam_style")
-    await reactor.connect()
-    try:
+    async with connected(run.url, "webcam_style") as reactor:
         picture = np.zeros((240, 320, 3), np.uint8)
         for colour in ((200, 0, 30), (20, 150, 220)):
             camera = await reactor.track("camera").publish()
@@ -111,8 +119,6 @@ async def test_sdk_camera_reaches_the_model_and_is_published_again_after_reconne
                 pushing.cancel()
             await reactor.reconnect()  # a publish lasts one connection
             assert not reactor.track("camera").published
-    finally:
-        await reactor.disconnect()
 
 
 async def push(camera, picture):
@@ -123,20 +129,90 @@ async def push(camera, picture):
 
 async def test_sdk_publishing_a_track_the_model_does_not_take_is_refused(reactor_run):
     run = reactor_run(GRADIENT)
-    reactor = client(run.url, "gradient")
-    await reactor.connect()
-    try:
+    async with connected(run.url, "gradient") as reactor:
         with pytest.raises(Exception):  # the SDK refuses a recvonly track itself
             await reactor.track("main_video").publish()
         assert reactor.status == ReactorStatus.READY
-    finally:
-        await reactor.disconnect()
 
 
 async def test_sdk_steers_a_model_through_serve(serve_examples):
-    reactor = client(f"{serve_examples}/models/gradient", "gradient")
-    await reactor.connect()
-    try:
+    async with connected(f"{serve_examples}/models/gradient", "gradient") as reactor:
         await steer(reactor)
-    finally:
-        await reactor.disconnect()
+
+
+async def message_of(messages, type_, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [m for m in messages if m.get("type") == type_]
+        if found:
+            messages.remove(found[0])
+            return found[0]["data"]
+        assert time.monotonic() < deadline, f"no {type_} message in {timeout} s: {messages}"
+        await asyncio.sleep(0.05)
+
+
+async def upload_a_palette(reactor):
+    """Upload an image with the SDK; the model reads it back (its size and colour)."""
+    messages = []
+    reactor.on("message", messages.append)
+    png = png_of((180, 40, 20), height=24, width=32)
+    ref = await reactor.upload_file(png, name="red.png", mime_type="image/png")
+    assert (ref.name, ref.mime_type, ref.size) == ("red.png", "image/png", len(png))
+    assert await reactor.send_command("set_palette", {"image": ref}) is None
+    read = await message_of(messages, "palette_set")
+    assert read == {"name": "red.png", "width": 32, "height": 24, "colour": [180, 40, 20]}
+    # A file the model cannot read is the model's to answer; the session goes on.
+    text = await reactor.upload_file(b"not an image at all", name="notes.txt")
+    assert text.mime_type == "text/plain"
+    assert await reactor.send_command("set_palette", {"image": text}) is None
+    refused = await message_of(messages, "palette_refused")
+    assert refused["name"] == "notes.txt" and "not an image" in refused["reason"]
+    # A reference to no upload of this session is refused at once, naming the field.
+    forged = FileRef(upload_id=str(uuid.uuid4()), name="x.png", mime_type="image/png", size=3)
+    with pytest.raises(BadRequestError) as caught:
+        await reactor.send_command("set_palette", {"image": forged})
+    assert "image" in caught.value.message and "no upload" in caught.value.message
+    assert reactor.status == ReactorStatus.READY
+
+
+async def test_sdk_uploads_a_file_the_model_reads_on_reactor_run(reactor_run):
+    run = reactor_run(WEBCAM)
+    async with connected(run.url, "webcam_style") as reactor:
+        await upload_a_palette(reactor)
+
+
+async def test_sdk_uploads_a_file_the_model_reads_through_serve(serve_examples):
+    async with connected(f"{serve_examples}/models/webcam-style", "webcam-style") as reactor:
+        await upload_a_palette(reactor)
+
+
+async def test_sdk_pauses_and_resumes_video_and_bounds_its_bitrates(reactor_run):
+    run = reactor_run(WEBCAM)
+    async with connected(run.url, "webcam_style") as reactor:
+        camera = await reactor.track("camera").publish()
+        # Bitrate bounds are the SDK's own encoder's (and its connection's): they take
+        # effect without a word to the server, and the session streams on.
+        await reactor.set_bitrate(min_bps=100_000, max_bps=3_000_000)
+        await camera.set_bitrate(max_bps=1_000_000)
+        pushing = asyncio.create_task(push(camera, np.full((240, 320, 3), 90, np.uint8)))
+        try:
+            got = []
+            video = reactor.track("main_video")
+            video.on_frame(got.append)
+            deadline = time.monotonic() + 30
+            while len(got) < 5:
+                assert time.monotonic() < deadline, "no video before pausing"
+                await asyncio.sleep(0.05)
+            await video.pause()
+            await asyncio.sleep(0.5)  # frames in flight
+            paused_at = len(got)
+            await asyncio.sleep(1.5)
+            assert len(got) == paused_at, "video kept coming while paused"
+            await video.resume()
+            deadline = time.monotonic() + 30
+            while len(got) < paused_at + 10:
+                assert time.monotonic() < deadline, "video did not come back after resume"
+                await asyncio.sleep(0.05)
+        finally:
+            pushing.cancel()
+        assert reactor.status == ReactorStatus.READY

@@ -200,3 +200,21 @@ async def test_other_scopes_pass_through_untouched(kind):
 
     await limited(app)(scope, receive, send)
     assert app.calls == [(scope, receive, send)]
+
+
+async def test_a_body_limit_rule_applies_to_its_method_and_path_only():
+    import re
+
+    app = RecordingApp()
+    middleware = RequestLimitsMiddleware(
+        app, max_body_bytes=BODY_LIMIT, max_url_bytes=URL_LIMIT,
+        body_limits=(("PUT", re.compile(r".*/uploads/[^/]+"), 5000),),
+    )
+    async with client(middleware) as http:
+        assert (await http.put("/m/uploads/abc", content=b"x" * 5000)).status_code == 200
+        too_big = await http.put("/m/uploads/abc", content=b"x" * 5001)
+        assert too_big.status_code == 413 and "the limit is 5000 bytes" in detail(too_big)
+        # Another method, or another path, keeps the general limit.
+        assert (await http.post("/m/uploads/abc", content=b"x" * 1001)).status_code == 413
+        assert (await http.put("/m/uploads", content=b"x" * 1001)).status_code == 413
+        assert (await http.put("/m/uploads/abc/more", content=b"x" * 1001)).status_code == 413
