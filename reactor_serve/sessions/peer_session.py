@@ -33,6 +33,7 @@ from reactor_serve.protocol import channel_codec
 from reactor_serve.protocol.errors import OfferRejected, session_ended
 from reactor_serve.protocol.wire_v1 import codec as wire_v1
 from reactor_serve.protocol.wire_version import Wire
+from reactor_serve.rtc import dc_chunking
 from reactor_serve.rtc.codecs import apply_bitrate_range
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime.field_errors import command_error
@@ -95,7 +96,11 @@ class PeerSession:
         self._pc_tracks: list[Any] = []
         self._pc_tasks: list[asyncio.Task[None]] = []
         self._fanout: OutputFanout | None = None
-        self._channels: dict[str, RTCDataChannel] = {}
+        # The current connection's channels; on a chunked connection each is a
+        # ChunkedChannel around the RTCDataChannel (rtc/dc_chunking.py).
+        self._channels: dict[str, Any] = {}
+        # The peer's max-message-size when the offer being answered declared chunking.
+        self._offer_chunking: int | None = None
         self._outbox = Outbox(self._channels_get, self.OUTBOX_LIMIT)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
@@ -200,6 +205,7 @@ class PeerSession:
         offer = check_offer(sdp_offer, track_mapping, self.host.spec)
         self._raise_if_ended()
         conn = self._candidates.offer(connection_id)
+        chunking = dc_chunking.offered_limit(sdp_offer)
         async with self._lock:
             self._raise_if_ended()
             first = self.session is None
@@ -228,6 +234,9 @@ class PeerSession:
                 tracks.append(track)
                 return track
 
+            # Read by _wire, which the answerer calls before the connection can open a
+            # channel (offers are answered one at a time, under the lock).
+            self._offer_chunking = chunking
             try:
                 # Candidates trickled once the offer is applied go straight to `pc`
                 # (see add_ice_candidates), also while the answer gathers ours.
@@ -245,6 +254,8 @@ class PeerSession:
                     self._raise_if_ended()  # closed under us: say so, not "bad offer"
                 raise
             self._install(pc, tracks, answer)
+            if chunking is not None:
+                return dc_chunking.with_chunking(answer.sdp, channel_codec.MAX_MESSAGE_BYTES)
             return answer.sdp
 
     def _install(self, pc: RTCPeerConnection, tracks: list[Any], answer: Answer) -> None:
@@ -323,7 +334,7 @@ class PeerSession:
         self._timer.start_watchdog()
         self._stats_task = self._spawn(self._report_stats())
 
-    def _channels_get(self, label: str) -> RTCDataChannel | None:
+    def _channels_get(self, label: str) -> Any:
         return self._channels.get(label)
 
     def _wire(self, pc: RTCPeerConnection) -> None:
@@ -331,16 +342,35 @@ class PeerSession:
         # come back with another SDK).
         if self._inbound is not None:
             self._inbound.new_connection()
+        chunking = self._offer_chunking
 
         @pc.on("datachannel")
         def on_datachannel(channel: RTCDataChannel) -> None:
             if pc is not self._pc:
                 return
-            self._channels[channel.label] = channel
+            label = channel.label
+            if chunking is None:
+                self._channels[label] = channel
 
-            @channel.on("message")
-            def on_message(raw: str | bytes) -> None:
-                self._on_channel_message(channel.label, raw)
+                @channel.on("message")
+                def on_message(raw: str | bytes) -> None:
+                    self._on_channel_message(label, raw)
+            else:
+                self._channels[label] = dc_chunking.ChunkedChannel(channel, chunking)
+                reassembler = dc_chunking.Reassembler(channel_codec.MAX_MESSAGE_BYTES)
+
+                @channel.on("message")
+                def on_frame(raw: str | bytes) -> None:
+                    try:
+                        message = reassembler.push(raw)
+                    except dc_chunking.ChunkingError as exc:
+                        self._timer.heard()
+                        self.inbound.ignore(label, exc)
+                        return
+                    if message is None:
+                        self._timer.heard()
+                    else:
+                        self._on_channel_message(label, message)
 
             @channel.on("open")
             def on_open() -> None:
