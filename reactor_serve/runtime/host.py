@@ -53,6 +53,7 @@ from reactor_serve.runtime.pacing.output_buffer import (
 )
 from reactor_serve.runtime.pacing.output_splitter import OutputSplitter
 from reactor_serve.runtime.session import EndReason, Session, SessionSink
+from reactor_serve.runtime.startup_heap import freeze_startup_heap
 
 __all__ = ["ModelHost", "ModelLoadError", "SessionBusy", "model_config"]
 
@@ -157,6 +158,8 @@ class ModelHost:
         except ModelLoadError as exc:
             self.load_error = exc
             raise
+        # The model and its imports are here for good: out of later collections.
+        freeze_startup_heap()
 
     def __enter__(self) -> ModelHost:
         self.start()

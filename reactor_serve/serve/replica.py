@@ -31,6 +31,7 @@ from reactor_serve.protocol.errors import BackendError
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime.isolation.model_process import hosted_model
 from reactor_serve.runtime.session import EndReason
+from reactor_serve.runtime.startup_heap import freeze_startup_heap
 from reactor_serve.serve import metrics
 from reactor_serve.serve.session_directory import SessionDirectory
 from reactor_serve.sessions.contract import AnswerPending, ClientIdentity, SessionState
@@ -77,6 +78,8 @@ class ModelReplica:
         self.settings = WebRTCSettings.model_validate(settings)
         self.max_session_s = max_session_s
         self.sessions = SingleSessionBackend(self.host, self.settings)
+        # Ready to serve, the session machinery imported: out of later collections.
+        freeze_startup_heap()
         # The model's recording settings (config and serve_config.yaml, validated).
         self.sessions.recording_override = recording
         # Its upload bounds (config and serve_config.yaml, validated by the app builder).

@@ -60,7 +60,8 @@ PeerFactory = Callable[..., "PeerSession"]
 
 
 def _default_peer_factory() -> PeerFactory:
-    # Imported late: aiortc costs import time, and tests swap in a fake.
+    # Imported here, not at the module's top: tests that swap in a fake never pay for
+    # aiortc. A real backend imports it when it is made (see __init__).
     from reactor_serve.sessions.peer_session import PeerSession
 
     return PeerSession
@@ -134,7 +135,9 @@ class SingleSessionBackend:
         # malformed one fails here, where `reactor run` or a Serve replica starts.
         self._settings = with_node_network(settings)
         self._offer_timeout_s = offer_timeout_s
-        self._peer_factory = peer_factory
+        # The real one is imported now, as the server starts: imported on the first
+        # session instead (aiortc, PyAV, protobuf), it would delay that session's answer.
+        self._peer_factory = peer_factory or _default_peer_factory()
         # The model's `recording` settings, validated, for every session's recorder
         # (sessions/recording/recorder.py); None: read from the model config per session.
         self.recording_override: dict[str, Any] | None = None
@@ -200,8 +203,7 @@ class SingleSessionBackend:
             created_at=time.time(),
             extra_args=dict(extra_args),
         )
-        factory = self._peer_factory or _default_peer_factory()
-        peer = factory(
+        peer = self._peer_factory(
             self._host,
             self._settings,
             session_id=sid,

@@ -62,6 +62,7 @@ from reactor_serve.runtime.loading.model_spec import ModelSpec, inspect_model
 from reactor_serve.runtime.pacing.frames import audio_chunk, video_batch
 from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
 from reactor_serve.runtime.session import EndReason, Session, SessionSink
+from reactor_serve.runtime.startup_heap import freeze_startup_heap
 
 __all__ = ["ModelProcess", "hosted_model", "in_process_requested"]
 
@@ -143,6 +144,8 @@ class ModelProcess:
             self._supervisor.start(timeout)
         except ChildStopped as exc:
             raise ModelLoadError("shut down while loading", "") from exc
+        # This process's server and imports are here for good: out of later collections.
+        freeze_startup_heap()
 
     def __enter__(self) -> ModelProcess:
         self.start()
