@@ -31,18 +31,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def wait_healthy(base: str, timeout: float = 30.0) -> None:
-    """Wait until `reactor run` at `base` answers /health with 200."""
+async def wait_healthy(
+    base: str, timeout: float = 30.0,
+    ready: Callable[[httpx.Response], bool] = lambda reply: reply.status_code == 200,
+) -> None:
+    """Wait until the server at `base` answers /health as `ready` says (by default:
+    200, which is what `reactor run` answers once its model is loaded)."""
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient() as http:
         while time.monotonic() < deadline:
             try:
-                if (await http.get(f"{base}/health")).status_code == 200:
+                if ready(await http.get(f"{base}/health")):
                     return
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):
                 pass
             await asyncio.sleep(0.1)
-    raise RuntimeError(f"reactor run did not become healthy at {base}")
+    raise RuntimeError(f"the server did not become healthy at {base}")
 
 
 @dataclass
