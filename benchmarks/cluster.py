@@ -40,13 +40,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from local_cluster import LocalCluster, write_project  # noqa: E402
 
 from reactor_serve.client.session import connect  # noqa: E402
 
-MODEL = ROOT / "tests" / "serve_models" / "where"
+MODEL = ROOT / "tests" / "models" / "serve" / "where"
 DOWNSCALE_DELAY_S = 5.0
 IDLE_TIMEOUT_S = 6.0
 

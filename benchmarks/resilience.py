@@ -54,6 +54,9 @@ from _local import free_port
 ROOT = Path(__file__).resolve().parent.parent
 GRADIENT = ROOT / "examples" / "gradient"
 sys.path.insert(0, str(ROOT))
+# The fuzz corpora are the test suite's (tests/e2e/fuzz), which import the suite's
+# helpers (tests/support) the way pytest's pythonpath setting makes them importable.
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 APP = "resilience"
 MODEL = "gradient"
@@ -227,7 +230,7 @@ async def measure_reconnects(base: str, rounds: int) -> tuple[list[float], list[
 
 async def fuzz_http(base: str) -> dict[str, Any]:
     """tests/e2e/fuzz/test_fuzz_http.py's corpus over real HTTP to `base` (a session base URL)."""
-    from tests.test_fuzz_http import W, fuzz_corpus
+    from tests.e2e.fuzz.test_fuzz_http import W, fuzz_corpus
 
     report: dict[str, Any] = {"cases": 0, "five_xx": [], "transport_errors": [],
                               "not_sendable": 0, "statuses": {}}
@@ -268,7 +271,7 @@ async def fuzz_datachannel(base: str) -> dict[str, Any]:
     afterwards the session must still stream on its first transport."""
     from aiortc.rtcsctptransport import WEBRTC_STRING
 
-    from tests.test_fuzz_datachannel import CORPUS, FLOOD
+    from tests.e2e.fuzz.test_fuzz_datachannel import CORPUS, FLOOD
 
     client = await connect_retry(base)
     sent = 0
