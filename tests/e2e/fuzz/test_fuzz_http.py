@@ -274,7 +274,9 @@ def fuzz_corpus(sid: str, cid: int) -> list[FuzzCase]:
     for label, content in (("empty", b""), ("a byte", b"x"), ("200 KiB", b"x" * 200_000),
                            ("2 MiB", b"x" * 2_000_000)):
         cases.append(FuzzCase("PUT", f"/uploads/{never}", content, (), f"PUT never issued {label}"))
-    for length in ("0", "-1", "abc", "1e3", "99999999999999999999999", " 5 "):
+    # Lengths no HTTP client sends for a 1-byte body (real clients refuse to send one
+    # that is a number and wrong; this corpus also runs over real HTTP).
+    for length in ("-1", "abc", "1e3", "99999999999999999999999"):
         cases.append(FuzzCase("PUT", f"/uploads/{never}", b"x", (("content-length", length),),
                               f"PUT never issued content-length {length!r}"))
 
