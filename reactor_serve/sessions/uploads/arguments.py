@@ -42,7 +42,13 @@ def resolve_files(
     """`args` with every upload reference at a file-typed place replaced by its file
     (the same dict when the command declares no file). Raises `BadCommand` naming the
     field for a reference to no complete upload of this session."""
-    file_params = [p for p in params if p.name in args and declares_files(p.annotation)]
+    # A reference is an object, alone or inside a list or an object: any other value
+    # is left as it is, so a command of numbers and strings (a slider's, on every
+    # frame it moves) costs no walk of the annotations.
+    file_params = [
+        p for p in params
+        if isinstance(args.get(p.name), (dict, list)) and declares_files(p.annotation)
+    ]
     if not file_params:
         return args
     resolved = dict(args)
