@@ -85,8 +85,12 @@ def with_chunking(sdp: str, max_message_size: int) -> str:
 
 def frames(message: str | bytes, frame_bytes: int = FRAME_BYTES) -> list[bytes]:
     """The frames of one message."""
-    text = isinstance(message, str)
-    data = message.encode("utf-8") if isinstance(message, str) else bytes(message)
+    if isinstance(message, str):
+        return _frames(message.encode("utf-8"), True, frame_bytes)
+    return _frames(bytes(message), False, frame_bytes)
+
+
+def _frames(data: bytes, text: bool, frame_bytes: int) -> list[bytes]:
     flags = _TEXT if text else 0
     step = frame_bytes - 1
     if not data:
@@ -177,10 +181,11 @@ class ChunkedChannel:
         return int(self._channel.bufferedAmount)
 
     def send(self, message: str | bytes) -> None:
-        size = len(message.encode("utf-8")) if isinstance(message, str) else len(message)
-        if size > self.limit:
+        text = isinstance(message, str)
+        data = message.encode("utf-8") if isinstance(message, str) else bytes(message)
+        if len(data) > self.limit:
             log.warning("a %d-byte message for channel %r is past the peer's limit of %d "
-                        "bytes: not sent", size, self.label, self.limit)
+                        "bytes: not sent", len(data), self.label, self.limit)
             return
-        for frame in frames(message):
+        for frame in _frames(data, text, FRAME_BYTES):
             self._channel.send(frame)
