@@ -1,4 +1,5 @@
 import contextlib
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -255,8 +256,11 @@ def serve_examples(ray_serve):
     url = ray_serve.deploy("web", {"models": [
         {"path": "examples/gradient", "min_replicas": 1, "max_replicas": 1, "warm_spares": 0,
          "cpus_per_replica": 0.5, "webrtc": loopback},
+        # Recorded, so that the official SDK's clips can be asked for.
         {"path": "examples/webcam_style", "min_replicas": 1, "max_replicas": 1,
-         "warm_spares": 0, "cpus_per_replica": 0.5, "webrtc": loopback},
+         "warm_spares": 0, "cpus_per_replica": 0.5, "webrtc": loopback,
+         "recording": {"enabled": True, "destination": tempfile.mkdtemp(prefix="reactor-test-rec-"),
+                       "clip_seconds": 10}},
     ]})
     yield url
     ray_serve.delete("web")

@@ -57,6 +57,7 @@ from reactor_serve.http_api.middleware.token_auth import (
     TokenAuthMiddleware,
 )
 from reactor_serve.protocol.bounded_json import JSONBodyError, parse_json_object
+from reactor_serve.protocol.clip_urls import SEGMENT_NAME
 from reactor_serve.protocol.errors import (
     UNKNOWN_UPLOAD,
     UNKNOWN_VIEWER_LINK,
@@ -65,6 +66,7 @@ from reactor_serve.protocol.errors import (
 from reactor_serve.sessions.contract import (
     AnswerPending,
     ClientIdentity,
+    ClipBackend,
     SessionBackend,
     SessionInfo,
     UploadBackend,
@@ -391,6 +393,7 @@ def session_routes(
         "connection_ice_candidates", status_code=202)
     _add_viewer_routes(router, backend_for)
     _add_upload_routes(router, backend_for)
+    _add_clip_routes(router, backend_for)
     return router
 
 
@@ -562,3 +565,55 @@ def _add_upload_routes(
                          name="create_upload", status_code=201)
     router.add_api_route("/uploads/{upload_id}", write_upload, methods=["PUT"],
                          name="write_upload")
+
+
+# --------------------------------------------------------------------------- clips
+
+_MARKER = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,6})?")
+
+
+def _clip_backend(b: SessionBackend) -> ClipBackend:
+    if not callable(getattr(b, "clip_playlist", None)):
+        raise _Refused(404, "this server keeps no clips")
+    return b  # type: ignore[return-value]
+
+
+def _marker(request: Request, name: str) -> float:
+    value = request.query_params.get(name)
+    if value is None or not _MARKER.fullmatch(value):
+        raise _Refused(400, f"query parameter {name!r} must be a clip marker in seconds "
+                            f"(like 12.345), got {_safe_detail(str(value))[:24]!r}")
+    return float(value)
+
+
+def _add_clip_routes(
+    router: APIRouter, backend_for: Callable[[Request], SessionBackend]
+) -> None:
+    """The clips a session's wire v1 client asked for, as HLS (fMP4): the playlist
+    `clip_ready` names, then its segments, relative to it. The owner proves itself
+    with the session id, in the query and in each segment's path."""
+
+    @_answering
+    async def clip_playlist(request: Request) -> Response:
+        sid = _session_id(request.query_params.get("session_id"))
+        start, end = _marker(request, "start"), _marker(request, "end")
+        result = await _clip_backend(backend_for(request)).clip_playlist(sid, start, end)
+        if not isinstance(result, str):
+            # The clip's end is not written yet (a recording in progress).
+            return Response(status_code=202, headers={"Retry-After": f"{max(1, math.ceil(result))}"})
+        return Response(result, media_type="application/vnd.apple.mpegurl",
+                        headers={"Cache-Control": "no-store"})
+
+    @_answering
+    async def clip_chunk(request: Request, sid: str, segment: str) -> Response:
+        # Not `name`: a Serve prefix (/models/{name}) has that parameter.
+        sid = _session_id(sid)
+        if not SEGMENT_NAME.fullmatch(segment):
+            raise _Refused(404, "no such clip segment")
+        data = await _clip_backend(backend_for(request)).clip_chunk(sid, segment)
+        return Response(data, media_type="video/mp4" if segment.endswith(".mp4") else "video/iso.segment",
+                        headers={"Cache-Control": "no-store"})
+
+    router.add_api_route("/clips", clip_playlist, methods=["GET"], name="clip_playlist")
+    router.add_api_route("/clips/chunks/{sid}/{segment}", clip_chunk, methods=["GET"],
+                         name="clip_chunk")

@@ -10,10 +10,12 @@ __all__ = [
     "UNKNOWN_UPLOAD",
     "UNKNOWN_VIEWER_LINK",
     "BackendError",
+    "ClipGone",
     "ModelBusy",
     "ModelUnavailable",
     "NegotiationFailed",
     "OfferRejected",
+    "UnknownClip",
     "UnknownSession",
     "UnknownUpload",
     "UploadConflict",
@@ -123,3 +125,15 @@ class UploadConflict(BackendError):
     """The upload already has its bytes: an upload is written once."""
 
     status = 409
+
+
+class UnknownClip(BackendError):
+    """No clip (or clip segment) of that name in the session."""
+
+    status = 404
+
+
+class ClipGone(BackendError):
+    """The clip's session has ended: its clips went with it."""
+
+    status = 410

@@ -25,8 +25,10 @@ from reactor_serve.protocol.errors import (
     UNKNOWN_UPLOAD,
     UNKNOWN_VIEWER_LINK,
     BackendError,
+    ClipGone,
     ModelUnavailable,
     OfferRejected,
+    UnknownClip,
     UnknownSession,
     UnknownUpload,
     UploadRejected,
@@ -368,6 +370,24 @@ class IngressSessions:
         except UnknownSession:
             await self._directory.drop_uploads_of(session_id)
             raise UnknownUpload(UNKNOWN_UPLOAD) from None
+
+    # ---- clips (ClipBackend) ----------------------------------------------------------
+    #
+    # A session's clips are files on the replica that owns it; the session id routes.
+
+    async def clip_playlist(self, session_id: str, start: float, end: float) -> str | float:
+        return await self._on_clip_replica(session_id, "clip_playlist", {"start": start, "end": end})
+
+    async def clip_chunk(self, session_id: str, name: str) -> bytes:
+        return await self._on_clip_replica(session_id, "clip_chunk", {"name": name})
+
+    async def _on_clip_replica(self, session_id: str, op: str, args: dict[str, Any]) -> Any:
+        record = await self._record(session_id)
+        if record.get("state") == SessionState.ENDED:
+            raise ClipGone(f"session {session_id} has ended: its clips are gone")
+        if record["state"] != "placed":
+            raise UnknownClip("this session has no clips yet")
+        return await self._on_replica(session_id, record, op, args)
 
     async def _linked_session(
         self, read: Callable[[str], Awaitable[dict[str, Any] | None]], key: str,

@@ -291,6 +291,10 @@ class ModelReplica:
                 value = await sessions.upload_size(args["upload_id"])
             elif op == "write_upload":
                 value = await sessions.write_upload(args["upload_id"], args["data"])
+            elif op == "clip_playlist":
+                value = await sessions.clip_playlist(session_id, args["start"], args["end"])
+            elif op == "clip_chunk":
+                value = await sessions.clip_chunk(session_id, args["name"])
             elif op == "shutdown":
                 await sessions.end_session(session_id, EndReason.SHUTDOWN,
                                            "the server is shutting down")

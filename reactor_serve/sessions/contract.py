@@ -18,6 +18,7 @@ from reactor_serve.runtime.loading.model_spec import ModelSpec
 __all__ = [
     "AnswerPending",
     "ClientIdentity",
+    "ClipBackend",
     "SdpAnswer",
     "SessionBackend",
     "SessionInfo",
@@ -193,6 +194,20 @@ class UploadBackend(Protocol):
         """The bytes of a reserved upload, exactly its size, once. Raises UnknownUpload
         (never issued, or its session ended), UploadRejected (wrong length),
         UploadConflict (already written)."""
+
+
+class ClipBackend(Protocol):
+    """What the clip routes need of a backend: the clips a session's wire v1 client
+    asked for (sessions/recording/served_clips.py), by the session id that proves it
+    is the owner. A session's clips go when it ends."""
+
+    async def clip_playlist(self, session_id: str, start: float, end: float) -> str | float:
+        """The HLS playlist of the session's clip with these markers, or the seconds
+        to wait before asking again while its end is not written. Raises
+        UnknownSession, UnknownClip, ClipGone."""
+
+    async def clip_chunk(self, session_id: str, name: str) -> bytes:
+        """A segment a playlist named. Raises UnknownSession, UnknownClip, ClipGone."""
 
 
 class ViewerBackend(Protocol):

@@ -148,6 +148,7 @@ class InboundHandler:
         send_frame: Callable[[str, bytes], None] | None = None,
         files: FileLookup | None = None,
         track_control: Callable[[str, str], None] | None = None,
+        clips: Callable[[float | None, Callable[[Any], None]], bool] | None = None,
     ) -> None:
         self.session_id = session_id
         self._command = command
@@ -187,6 +188,8 @@ class InboundHandler:
         self._files = files
         # `pause_track` / `resume_track` from the client, for its connection's tracks.
         self._track_control = track_control
+        # Wire v1 clip requests (SessionRecordings.request_clip); None: not recorded.
+        self._clips = clips
 
     def spec(self) -> Any:
         """The model's spec (commands, tracks), as it is now."""
@@ -440,6 +443,11 @@ class InboundHandler:
             and isinstance(name, str)
         ):
             self._track_control(event, name)
+
+    def request_clip(self, seconds: float | None, answer: Callable[[Any], None]) -> bool:
+        """A wire v1 clip (`seconds`) or recording (None) request; False when this
+        session cannot cut one."""
+        return self._clips is not None and self._clips(seconds, answer)
 
     def admit(self, command: str | None, request_id: str | int | None = None) -> bool:
         """Spend a token; past the limit, drop the frame and, for a command, tell the

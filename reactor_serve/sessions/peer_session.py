@@ -565,7 +565,15 @@ class PeerSession:
             send_frame=self._send_frame,
             files=self._uploaded_file,
             track_control=self._control_track,
+            clips=self._request_clip,
         )
+
+    def _request_clip(self, seconds: float | None, answer: Callable[[Any], None]) -> bool:
+        recordings = self.recordings
+        if recordings is None:
+            return False
+        recordings.request_clip(seconds, answer)
+        return True
 
     def _control_track(self, event: str, name: str) -> None:
         # The current connection's tracks only: a new connection starts every track

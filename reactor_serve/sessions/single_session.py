@@ -20,9 +20,11 @@ from reactor_serve.protocol.errors import (
     NOT_CONNECTED_FOR_UPLOADS,
     UNKNOWN_UPLOAD,
     BackendError,
+    ClipGone,
     ModelBusy,
     ModelUnavailable,
     NegotiationFailed,
+    UnknownClip,
     UnknownSession,
     UnknownUpload,
     UploadRejected,
@@ -42,6 +44,7 @@ from reactor_serve.sessions.contract import (
     mask_session_id,
 )
 from reactor_serve.sessions.negotiations import Negotiations
+from reactor_serve.sessions.recording.served_clips import ServedClips
 from reactor_serve.sessions.uploads.settings import UploadSettings
 from reactor_serve.sessions.uploads.store import SessionUploads
 from reactor_serve.sessions.viewers.links import ViewerLinks
@@ -355,6 +358,25 @@ class SingleSessionBackend:
         if current is None or current.closing is not None or not current.uploads.owns(upload_id):
             raise UnknownUpload(UNKNOWN_UPLOAD)
         return current.uploads
+
+    # ---- ClipBackend -------------------------------------------------------------------
+
+    async def clip_playlist(self, session_id: str, start: float, end: float) -> str | float:
+        clips = self._served_clips(session_id)
+        return await asyncio.to_thread(clips.playlist, start, end)
+
+    async def clip_chunk(self, session_id: str, name: str) -> bytes:
+        clips = self._served_clips(session_id)
+        return await asyncio.to_thread(clips.chunk, name)
+
+    def _served_clips(self, session_id: str) -> ServedClips:
+        slot = self._slot(session_id)
+        if slot is not self._current or slot.info.state == SessionState.ENDED or slot.peer is None:
+            raise ClipGone(f"session {session_id} has ended: its clips are gone")
+        recordings = slot.peer.recordings
+        if recordings is None:
+            raise UnknownClip("this session has no clips")
+        return recordings.served
 
     # ---- ViewerBackend: watch-only links ----------------------------------------------
 

@@ -16,6 +16,7 @@ one set of argument rules, one way to the model.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any, Callable, Protocol
 
 from reactor_serve.protocol import model_documents
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 STREAMED_STEP = (
     'this session streams: a step needs a session started with "generation": "stepped"'
 )
-NO_CLIPS = "this server does not cut clips for wire v1 sessions"
+NO_CLIPS = "recorder disabled: this session is not recorded"
 
 
 class CommandIntake(Protocol):
@@ -52,6 +53,10 @@ class CommandIntake(Protocol):
 
     def ignore(self, channel: str, exc: Exception) -> None: ...
     def control_track(self, event: Any, name: Any) -> None: ...
+
+    def request_clip(self, seconds: float | None, answer: Callable[[Any], None]) -> bool:
+        """Cut a clip (None: the whole session) and `answer` with a ClipAnswer; False
+        when the session has no recordings to cut from."""
 
 
 class WireV1Requests:
@@ -133,7 +138,19 @@ class WireV1Requests:
                     f"{', '.join(inputs) or 'none'})",
                 ))
         elif method in ("request_clip", "request_recording"):
-            self._send(wire_v1.CONTROL, wire_v1.clip_failed(request_id, NO_CLIPS))
+            seconds = request.payload.duration_seconds if method == "request_clip" else None
+            if not handler.request_clip(seconds, partial(self._clip_answered, request_id)):
+                self._send(wire_v1.CONTROL, wire_v1.clip_failed(request_id, NO_CLIPS))
+
+    def _clip_answered(self, request_id: str, answer: Any) -> None:
+        if answer.failed is not None:
+            self._send(wire_v1.CONTROL, wire_v1.clip_failed(request_id, answer.failed))
+            return
+        self._send(wire_v1.CONTROL, wire_v1.clip_ready(
+            request_id, session_id=self._handler.session_id, kind=answer.kind,
+            start_marker=answer.start_s, end_marker=answer.end_s, now_marker=answer.now_s,
+            predicted_ready_at_ms=answer.ready_at_ms, playlist_url=answer.playlist_url,
+        ))
 
     def _refuse(self, label: str, request_id: str | None, exc: Exception) -> None:
         """A frame dropped as unreadable: counted and logged, and answered BAD_REQUEST

@@ -10,6 +10,7 @@ from reactor_serve.runtime.loading.model_spec import inspect_model
 from reactor_serve.protocol.wire_v1 import common_pb2, control_pb2, data_pb2
 from reactor_serve.protocol.wire_version import Wire
 from reactor_serve.sessions.inbound_channel import InboundHandler, TokenBucket
+from reactor_serve.sessions.recording.recorder import ClipAnswer
 
 
 @dataclass
@@ -135,7 +136,8 @@ def test_schema_publish_and_unsupported_requests_get_their_replies():
     assert schema.request_id == "ctrl_1" and schema.model_schema.openapi["openapi"] == "3.1.0"
     assert published.request_id == "ctrl_2" and published.publish_track.name == "webcam"
     assert refused.error.code == "BAD_REQUEST" and "webcam" in refused.error.message
-    assert clip.request_id == "ctrl_4" and clip.clip_failed.reason
+    # Nothing records this session: the reason the official SDK raises RecorderDisabledError for.
+    assert clip.request_id == "ctrl_4" and clip.clip_failed.reason.startswith("recorder disabled")
     step = data_pb2.DataClientMessage(request_id="data_9")
     step.request_step.SetInParent()
     handler.on_message("data", step.SerializeToString())
@@ -198,3 +200,37 @@ def test_random_and_mutated_frames_never_raise_or_fault():
         handler.on_message(rng.choice(["data", "control"]), raw)
     assert handler.counters.faults == 0
     assert handler.wire is Wire.V1
+
+
+def test_clip_and_recording_requests_are_answered_with_their_markers_and_playlist():
+    asked = []
+
+    def clips(seconds, answer):
+        asked.append(seconds)
+        answer(ClipAnswer(kind="clip" if seconds else "recording", start_s=1.5, end_s=2.9,
+                          now_s=3.0, ready_at_ms=1234, playlist_url="/clips?session_id=s&start=1.500&end=2.900")
+               if seconds != 7 else ClipAnswer(failed="recorder disabled: no"))
+        return True
+
+    frames = []
+    handler = InboundHandler(
+        session_id="s", command=lambda *a, **k: None, send=frames.append, send_control=frames.append,
+        spec=lambda: Spec, send_frame=lambda label, frame: frames.append((label, frame)),
+        call_later=lambda delay, callback: None, clips=clips,
+    )
+    for request_id, seconds in (("ctrl_1", 2.5), ("ctrl_2", None), ("ctrl_3", 7)):
+        message = control_pb2.ControlClientMessage(request_id=request_id)
+        if seconds is None:
+            message.request_recording.SetInParent()
+        else:
+            message.request_clip.duration_seconds = seconds
+        handler.on_message("control", message.SerializeToString())
+    clip, recording, failed = replies(frames, "control")
+    assert asked == [2.5, None, 7]
+    assert clip.request_id == "ctrl_1" and clip.kind == common_pb2.MESSAGE_KIND_RESPONSE
+    ready = clip.clip_ready
+    assert (ready.session_id, ready.kind, ready.start_marker, ready.end_marker, ready.now_marker,
+            ready.predicted_ready_at_ms) == ("s", "clip", 1.5, 2.9, 3.0, 1234)
+    assert ready.playlist_url == "/clips?session_id=s&start=1.500&end=2.900"
+    assert recording.request_id == "ctrl_2" and recording.clip_ready.kind == "recording"
+    assert failed.request_id == "ctrl_3" and failed.clip_failed.reason == "recorder disabled: no"

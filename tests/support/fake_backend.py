@@ -19,10 +19,11 @@ from asgi_calls import client
 from paths import TEST_MODELS
 
 from reactor_serve.http_api.routes import session_app
-from reactor_serve.protocol.errors import ModelBusy, OfferRejected, UnknownSession
+from reactor_serve.protocol.errors import ClipGone, ModelBusy, OfferRejected, UnknownSession
 from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.runtime.loading.model_spec import ModelSpec, inspect_model
 from reactor_serve.sessions.contract import AnswerPending, ClientIdentity, SessionInfo
+from reactor_serve.sessions.recording.served_clips import ServedClips
 from reactor_serve.sessions.uploads.settings import UploadSettings
 from reactor_serve.sessions.uploads.store import SessionUploads
 
@@ -83,6 +84,7 @@ class FakeBackend:
         self.uploads = SessionUploads(
             UploadSettings(max_file_bytes=1000, max_session_bytes=3000, max_files=5)
         )
+        self.clips: dict[str, ServedClips] = {}
 
     @property
     def spec(self) -> ModelSpec:
@@ -219,6 +221,20 @@ class FakeBackend:
     async def write_upload(self, upload_id: str, data: bytes) -> None:
         self._call("write_upload", upload_id, len(data))
         self.uploads.write(upload_id, data)
+
+    async def clip_playlist(self, session_id: str, start: float, end: float) -> str | float:
+        self._call("clip_playlist", session_id, start, end)
+        return self.served_clips(session_id).playlist(start, end)
+
+    async def clip_chunk(self, session_id: str, name: str) -> bytes:
+        self._call("clip_chunk", session_id, name)
+        return self.served_clips(session_id).chunk(name)
+
+    def served_clips(self, session_id: str) -> ServedClips:
+        """The session's clips (tests add to them); ClipGone once it has ended."""
+        if self._get(session_id).state == "ended":
+            raise ClipGone(f"session {session_id} has ended: its clips are gone")
+        return self.clips.setdefault(session_id, ServedClips(session_id))
 
     def called(self, name: str) -> list[tuple]:
         """The arguments of every call to `name`, in order."""

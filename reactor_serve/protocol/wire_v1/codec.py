@@ -303,6 +303,20 @@ def publish_track_reply(request_id: str, name: str) -> bytes:
     ).SerializeToString()
 
 
+def clip_ready(
+    request_id: str, *, session_id: str, kind: str, start_marker: float, end_marker: float,
+    now_marker: float, predicted_ready_at_ms: int, playlist_url: str,
+) -> bytes:
+    return control_pb2.ControlServerMessage(
+        request_id=request_id, kind=_RESPONSE,
+        clip_ready=platform_pb2.ClipReady(
+            session_id=session_id, kind=kind, start_marker=start_marker, end_marker=end_marker,
+            now_marker=now_marker, predicted_ready_at_ms=predicted_ready_at_ms,
+            playlist_url=playlist_url,
+        ),
+    ).SerializeToString()
+
+
 def clip_failed(request_id: str, reason: str) -> bytes:
     return control_pb2.ControlServerMessage(
         request_id=request_id, kind=_RESPONSE,

@@ -106,10 +106,14 @@ class Uploads:
             max_workers=1, thread_name_prefix="reactor-recording-upload"
         )
 
-    def deliver(self, output: Output, done: Callable[[], None], failed: Callable[[str], None]) -> None:
+    def deliver(
+        self, output: Output, done: Callable[[], None], failed: Callable[[str], None],
+        *, keep_local: bool = False,
+    ) -> None:
         """The files of `output` are complete: `done()` once they are at their
         destination (at once for a local one), or `failed(message)` when the upload
-        failed, the files left in the staging directory the message names."""
+        failed, the files left in the staging directory the message names.
+        `keep_local`: leave the staging copy after the upload (its owner removes it)."""
         if output.remote is None:
             done()
             return
@@ -122,7 +126,8 @@ class Uploads:
                 failed(f"uploading to {output.remote} failed: {type(exc).__name__}: {exc}"
                        f"; the files stay in {output.local}")
                 return
-            shutil.rmtree(output.local, ignore_errors=True)
+            if not keep_local:
+                shutil.rmtree(output.local, ignore_errors=True)
             done()
 
         try:

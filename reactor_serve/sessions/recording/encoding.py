@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fractions
 import io
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +151,7 @@ class Mp4Writer:
         self.path = path
         self._container = av.open(
             str(path), "w", format="mp4",
-            options={"movflags": MOVFLAGS, "avoid_negative_ts": "make_non_negative"},
+            options={"movflags": MOVFLAGS, "avoid_negative_ts": "make_non_negative", "flush_packets": "1"},
         )
         self._streams = [self._container.add_stream_from_template(s) for s in encoder.streams]
         self.base_pts = base_pts
@@ -158,10 +159,21 @@ class Mp4Writer:
         self.frames = 0
         self.bytes = 0
         self.last_pts = base_pts
+        self.closed = False
+        # The newest keyframe muxed: every fragment before it is on disk (a fragment
+        # is written whole when the keyframe after it starts the next).
+        self._keyframe_pts = base_pts
 
     @property
     def seconds(self) -> float:
         return (self.last_pts - self.base_pts) / VIDEO_CLOCK_RATE
+
+    def written_s(self) -> float:
+        """Seconds of video on disk in whole fragments (infinite once closed). Safe to
+        call from any thread."""
+        if self.closed:
+            return math.inf
+        return (self._keyframe_pts - self.base_pts) / VIDEO_CLOCK_RATE
 
     def write(self, item: EncodedPacket) -> None:
         base = self.base_pts if item.stream == 0 else self._audio_base
@@ -178,9 +190,12 @@ class Mp4Writer:
         if item.stream == 0:
             self.frames += 1
             self.last_pts = item.pts
+            if item.keyframe:
+                self._keyframe_pts = item.pts
 
     def close(self) -> None:
         self._container.close()
+        self.closed = True
 
 
 class OutputEncode:

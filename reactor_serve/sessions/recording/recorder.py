@@ -32,10 +32,12 @@ import asyncio
 import logging
 import math
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
 
 from reactor_serve.interface.tracks import TrackDecl
+from reactor_serve.protocol.clip_urls import playlist_path
 from reactor_serve.runtime.field_errors import command_error, describe_value
 from reactor_serve.runtime.pacing.emission_clock import (
     AUDIO_CLOCK_RATE,
@@ -56,6 +58,7 @@ from reactor_serve.sessions.recording.encoding import (
     Mp4Writer,
     OutputEncode,
 )
+from reactor_serve.sessions.recording.served_clips import ServedClip, ServedClips
 from reactor_serve.sessions.recording.settings import (
     RecordingSettings,
     RecordingSettingsError,
@@ -63,7 +66,9 @@ from reactor_serve.sessions.recording.settings import (
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
+    "RECORDER_DISABLED",
     "RECORDING_REQUESTS",
+    "ClipAnswer",
     "SessionRecordings",
 ]
 
@@ -73,6 +78,23 @@ log = logging.getLogger(__name__)
 RECORDING_REQUESTS = ("startRecording", "stopRecording", "saveClip")
 # How long closing waits for the worker to finalise files and for uploads.
 CLOSE_TIMEOUT_S = 20.0
+# How a clip refused because there is nothing recording begins: the official SDK
+# raises its RecorderDisabledError for a `clip_failed` reason that does.
+RECORDER_DISABLED = "recorder disabled"
+
+
+@dataclass(frozen=True)
+class ClipAnswer:
+    """The answer to a wire v1 clip request: its markers (session seconds) and where
+    to fetch it, or `failed`, the reason there is none."""
+
+    kind: str = "clip"  # "clip" | "recording"
+    start_s: float = 0.0
+    end_s: float = 0.0
+    now_s: float = 0.0
+    ready_at_ms: int = 0
+    playlist_url: str = ""
+    failed: str | None = None
 
 
 class _Refused(Exception):
@@ -129,6 +151,12 @@ class SessionRecordings:
         self._history = CommandHistory()
         self._active: ActiveRecording | None = None
         self._drop_logged = False
+        # The clips a wire v1 client fetches over HTTP (served_clips.py).
+        self.served = ServedClips(session_id)
+        # On the loop: the newest presented slot's pts ("now" in a clip's markers).
+        self._now_pts: int | None = None
+        # Worker-only: the first keyframe ever encoded (where "the whole session" starts).
+        self._first_keyframe_pts: int | None = None
 
     # ---- construction ----------------------------------------------------------------
 
@@ -304,6 +332,7 @@ class SessionRecordings:
     # ---- frames (media loop) -------------------------------------------------------------
 
     def _observe(self, presented: PresentedFrame) -> None:
+        self._now_pts = presented.pts
         self._commands.presented(presented.pts, presented.slot)
         assert self.settings is not None and self._worker is not None
         if self._recording_id is None and self.settings.clip_seconds <= 0:
@@ -337,6 +366,7 @@ class SessionRecordings:
         worker = self._worker
         if worker is None:
             self._uploads.shutdown_now()
+            self.served.close()
             return
         self._recording_id = None
         worker.finish(partial(self._on_close, f"session ended ({reason})"))
@@ -345,6 +375,7 @@ class SessionRecordings:
             log.warning("session %s: the recording worker did not finish within %.0f s",
                         self.session_id, CLOSE_TIMEOUT_S)
         await asyncio.to_thread(self._uploads.shutdown_within, max(1.0, deadline - self._clock()))
+        self.served.close()
 
     def stats(self) -> dict[str, Any]:
         encoder = self._encode.encoder if self._encode is not None else None
@@ -370,6 +401,8 @@ class SessionRecordings:
             self._fail(f"the encoder failed: {type(exc).__name__}: {exc}")
             return
         for packet in packets:
+            if packet.stream == 0 and packet.keyframe and self._first_keyframe_pts is None:
+                self._first_keyframe_pts = packet.pts
             self._ring.add(packet)
             self._write(packet)
 
@@ -504,13 +537,30 @@ class SessionRecordings:
             pass
 
     def _on_clip(self, cid: str, seconds: float) -> None:
+        try:
+            output, mp4, commands = self._write_clip(cid, seconds)
+        except _Refused as exc:
+            self._tell("recordingError", command_error("saveClip", str(exc), [
+                {"field": None, "rule": exc.rule, "value": None}]))
+            return
+
+        def failed(text: str) -> None:
+            self._tell("recordingError", command_error(
+                "saveClip", text, [{"field": None, "rule": "upload_failed", "value": None}]))
+
+        self._uploads.deliver(output, partial(self._tell, "clipSaved", {
+            "id": cid, "url": output.location, "frames": mp4.frames, "bytes": mp4.bytes,
+            "seconds": round(mp4.seconds, 3), "commands": commands,
+        }), failed)
+
+    def _write_clip(self, cid: str, seconds: float) -> tuple[Output, Mp4Writer, int]:
+        """Write clip `cid`, the last `seconds` of the ring, with its commands and
+        meta.json; raises _Refused naming why it could not."""
         assert self._ring is not None and self._encode is not None and self._destination is not None
         clip = self._ring.cut(seconds)
         encoder = self._encode.encoder
         if clip is None or encoder is None:
-            self._tell("recordingError", command_error("saveClip", "nothing to save yet: no frame was encoded", [
-                {"field": None, "rule": "empty", "value": None}]))
-            return
+            raise _Refused("nothing to save yet: no frame was encoded", "empty")
         try:
             output = self._destination.output("clip", cid)
             output.local.mkdir(parents=True, exist_ok=True)
@@ -534,18 +584,100 @@ class SessionRecordings:
                         commands=len(records), ended_at=round(self._wall_clock(), 3), end_reason="clip")
             output.write_meta(meta)
         except Exception as exc:
-            self._tell("recordingError", command_error("saveClip", f"saving the clip failed: {type(exc).__name__}: {exc}", [
-                {"field": None, "rule": "write_failed", "value": None}]))
+            raise _Refused(f"saving the clip failed: {type(exc).__name__}: {exc}", "write_failed") from exc
+        return output, mp4, len(records)
+
+    # ---- wire v1 clips ------------------------------------------------------------------
+
+    def request_clip(self, seconds: float | None, answer: Callable[[ClipAnswer], None]) -> None:
+        """A wire v1 client's `request_clip` (the last `seconds`) or `request_recording`
+        (None: the whole session so far). `answer` is called once, on the loop: the
+        clip's markers and playlist, or why there is none. Never raises."""
+        try:
+            if not self.enabled:
+                raise self._not_enabled()
+            if self._closed:
+                raise _Refused("the session is ending", "ended")
+            assert self.settings is not None
+            if seconds is not None:
+                if not math.isfinite(seconds) or seconds <= 0:
+                    raise _Refused(f"duration_seconds must be a number above 0, got {seconds!r}",
+                                   "out_of_range")
+                if self.settings.clip_seconds <= 0:
+                    raise _Refused(f"{RECORDER_DISABLED}: clips are off for this model "
+                                   "(recording.clip_seconds is 0)", "clips_disabled")
+                # More than the ring holds is what it holds: the markers say what it is.
+                seconds = min(seconds, self.settings.clip_seconds)
+            self._clips += 1
+            cid = f"{'c' if seconds is not None else 'r'}{self._clips}"
+            self._commands.settle(force=True)
+            self._put("clip", partial(self._on_served_clip, cid, seconds, self._now_pts, answer))
+        except _Refused as exc:
+            reason = str(exc)
+            if exc.rule in ("not_enabled", "no_video", "bad_settings"):
+                reason = f"{RECORDER_DISABLED}: {reason}"
+            answer(ClipAnswer(failed=reason))
+
+    def _on_served_clip(
+        self, cid: str, seconds: float | None, now_pts: int | None,
+        answer: Callable[[ClipAnswer], None],
+    ) -> None:
+        assert self.settings is not None
+        now_s = (now_pts or 0) / VIDEO_CLOCK_RATE
+        active = self._active
+        try:
+            if seconds is None and active is not None and active.mp4 is not None:
+                # The recording in progress: the playlist grows with it, and is ready
+                # once the fragment holding "now" is written.
+                mp4 = active.mp4
+                served = ServedClip(
+                    cid, mp4.path, mp4.base_pts / VIDEO_CLOCK_RATE, mp4.base_pts / VIDEO_CLOCK_RATE,
+                    max(now_s, mp4.base_pts / VIDEO_CLOCK_RATE),
+                    written_s=mp4.written_s, retry_after_s=self.settings.keyframe_interval_s,
+                    staging=active.output.local if active.output.remote is not None else None,
+                )
+                ready_at = self._wall_clock() + self.settings.keyframe_interval_s
+                kind = "recording"
+            else:
+                if seconds is None:
+                    held = self._ring.start_pts if self._ring is not None else None
+                    if held is None or held != self._first_keyframe_pts:
+                        raise _Refused(
+                            f"{RECORDER_DISABLED}: no recording of the whole session is running, "
+                            f"and only its last {self.settings.clip_seconds:g} s are kept (set "
+                            "recording.record_by_default: true, or start the session with "
+                            "extra_args.record: true)", "not_recording")
+                    seconds = math.inf
+                    kind = "recording"
+                else:
+                    kind = "clip"
+                output, mp4, _ = self._write_clip(cid, seconds)
+                served = ServedClip(
+                    cid, mp4.path, mp4.base_pts / VIDEO_CLOCK_RATE, mp4.base_pts / VIDEO_CLOCK_RATE,
+                    mp4.last_pts / VIDEO_CLOCK_RATE, written_s=mp4.written_s,
+                    staging=output.local if output.remote is not None else None,
+                )
+                ready_at = self._wall_clock()
+                # A URL destination gets its copy too; the served one stays until the end.
+                self._uploads.deliver(output, lambda: None, lambda text: log.warning(
+                    "session %s: clip %s: %s", self.session_id, cid, text), keep_local=True)
+        except _Refused as exc:
+            self._answer(answer, ClipAnswer(failed=str(exc)))
             return
+        self.served.add(served)
+        self._answer(answer, ClipAnswer(
+            kind=kind, start_s=served.start_s, end_s=served.end_s, now_s=max(now_s, served.end_s),
+            ready_at_ms=round(ready_at * 1000),
+            playlist_url=playlist_path(self.session_id, served.start_s, served.end_s),
+        ))
 
-        def failed(text: str) -> None:
-            self._tell("recordingError", command_error(
-                "saveClip", text, [{"field": None, "rule": "upload_failed", "value": None}]))
-
-        self._uploads.deliver(output, partial(self._tell, "clipSaved", {
-            "id": cid, "url": output.location, "frames": mp4.frames, "bytes": mp4.bytes,
-            "seconds": round(mp4.seconds, 3), "commands": len(records),
-        }), failed)
+    def _answer(self, answer: Callable[[ClipAnswer], None], value: ClipAnswer) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(answer, value)
+            except RuntimeError:
+                pass
 
     # ---- meta.json -----------------------------------------------------------------------
 

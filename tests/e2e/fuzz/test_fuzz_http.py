@@ -207,7 +207,8 @@ def fuzz_corpus(sid: str, cid: int) -> list[FuzzCase]:
     get_routes = [
         "/session", "/health", f"{base}/ice_servers", f"{base}/sdp_params",
         f"{conn}/sdp_params", "/", "/docs", "/openapi.json", "/_web/player.js",
-        "/doctor", "/_web/doctor.js",
+        "/doctor", "/_web/doctor.js", f"/clips?session_id={sid}&start=0&end=1",
+        f"/clips/chunks/{sid}/c1-init.mp4",
     ]
     cases: list[FuzzCase] = []
 
@@ -262,6 +263,20 @@ def fuzz_corpus(sid: str, cid: int) -> list[FuzzCase]:
                               _body({"name": "a", "size": 1, "mime_type": "a/b"}), _JSON,
                               f"upload sid {odd[:20]!r}"))
         cases.append(FuzzCase("PUT", f"/uploads/{odd}", b"x", (), f"PUT upload {odd[:20]!r}"))
+        cases.append(FuzzCase("GET", f"/clips?session_id={odd}&start=0&end=1", None, (),
+                              f"GET clips sid {odd[:20]!r}"))
+        cases.append(FuzzCase("GET", f"/clips/chunks/{odd}/c1-init.mp4", None, (),
+                              f"GET clip segment sid {odd[:20]!r}"))
+    # Clip markers and segment names that are no clip's.
+    for marker in ("", "nan", "inf", "-1", "1e309", "9" * 400, "0x10", "1.5.5", "%00", "１"):
+        cases.append(FuzzCase("GET", f"/clips?session_id={sid}&start={marker}&end=1", None, (),
+                              f"GET clips start {marker[:20]!r}"))
+        cases.append(FuzzCase("GET", f"/clips?session_id={sid}&start=0&end={marker}", None, (),
+                              f"GET clips end {marker[:20]!r}"))
+    for segment in ("c1-init.mp4", "c1-00000.m4s", "c9999999999-init.mp4", "..", "%2e%2e%2fetc",
+                    "c1-init.mp4%00", "x" * 3000, "c1-" + "0" * 400 + ".m4s"):
+        cases.append(FuzzCase("GET", f"/clips/chunks/{sid}/{segment}", None, (),
+                              f"GET clip segment {segment[:20]!r}"))
     for odd in ODD_CONNECTION_IDS:
         for method, suffix in [("GET", "sdp_params"), ("POST", "sdp_params"),
                                ("PUT", "sdp_params"), ("POST", "ice_candidates")]:
@@ -416,7 +431,8 @@ def test_the_corpus_covers_every_route():
                   "/sessions/s/transport/webrtc/ice_servers",
                   "/sessions/s/transport/webrtc/connections",
                   "/sessions/s/transport/webrtc/connections/1/sdp_params",
-                  "/sessions/s/transport/webrtc/connections/1/ice_candidates"):
+                  "/sessions/s/transport/webrtc/connections/1/ice_candidates",
+                  "/clips", "/clips/chunks/s/c1-init.mp4"):
         assert route in paths, route
 
 

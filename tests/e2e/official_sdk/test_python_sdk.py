@@ -6,9 +6,12 @@ each request: these tests are what it does, on `reactor run` and through Serve.
 
 import asyncio
 import contextlib
+import shutil
 import time
 import uuid
+from pathlib import Path
 
+import av
 import httpx
 import numpy as np
 import pytest
@@ -216,3 +219,66 @@ async def test_sdk_pauses_and_resumes_video_and_bounds_its_bitrates(reactor_run)
         finally:
             pushing.cancel()
         assert reactor.status == ReactorStatus.READY
+
+
+def recorded_copy(model_dir, tmp_path):
+    """A copy of `model_dir` whose config lets its sessions be recorded and clipped."""
+    copy = tmp_path / Path(model_dir).name
+    shutil.copytree(model_dir, copy)
+    with open(copy / "config.yml", "a") as config:
+        config.write(f"\nrecording:\n  enabled: true\n  destination: {tmp_path / 'recordings'}\n"
+                     "  clip_seconds: 10\n")
+    return copy
+
+
+def decoded(data, tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with av.open(str(path)) as container:
+        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+
+
+async def clip_and_recording(reactor, tmp_path):
+    """Ask for a clip and for the whole session; both download to MP4s of what the
+    client was shown."""
+    seen = []
+    reactor.track("main_video").on_frame(seen.append)
+    await frames(reactor, "main_video", 60)
+    clip = await reactor.request_clip(1.0)
+    assert clip.kind == "clip" and clip.session_id == reactor.session_id
+    assert clip.start_marker <= clip.end_marker - 1.0 <= clip.now_marker
+    await reactor.download(clip, tmp_path / "clip.mp4")
+    pictures = decoded((tmp_path / "clip.mp4").read_bytes(), tmp_path, "clip-read.mp4")
+    fps = len(pictures) / (clip.end_marker - clip.start_marker)
+    assert 20 <= fps <= 40, (len(pictures), clip)
+    # The clip's last picture is one the client was shown (two encodes of it differ a little).
+    shown = list(seen)
+    assert pictures[-1].shape == shown[-1].shape
+    closest = min(float(np.abs(pictures[-1].astype(int) - s.astype(int)).mean()) for s in shown)
+    assert closest < 6, closest
+    recording = await reactor.request_recording()
+    assert recording.kind == "recording" and recording.start_marker < clip.start_marker
+    whole = decoded(await reactor.download(recording), tmp_path, "recording.mp4")
+    assert len(whole) >= len(pictures) + 20
+
+
+async def test_sdk_downloads_a_clip_and_the_whole_session_from_reactor_run(reactor_run, tmp_path):
+    run = reactor_run(recorded_copy(GRADIENT, tmp_path))
+    async with connected(run.url, "gradient") as reactor:
+        session_id = reactor.session_id
+        await clip_and_recording(reactor, tmp_path)
+    # The session is over: its clips went with it.
+    gone = httpx.get(f"{run.url}/clips", params={"session_id": session_id, "start": "0",
+                                                  "end": "1"})
+    assert gone.status_code == 410, gone.text
+
+
+async def test_sdk_downloads_a_clip_through_serve(serve_examples, tmp_path):
+    async with connected(f"{serve_examples}/models/webcam-style", "webcam-style") as reactor:
+        camera = await reactor.track("camera").publish()
+        # At the size the model shows before the camera: a recording keeps its first size.
+        pushing = asyncio.create_task(push(camera, np.full((480, 640, 3), (30, 160, 90), np.uint8)))
+        try:
+            await clip_and_recording(reactor, tmp_path)
+        finally:
+            pushing.cancel()

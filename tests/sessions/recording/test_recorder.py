@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from reactor_serve.interface.tracks import TrackDecl
+from reactor_serve.protocol.errors import ClipGone, UnknownClip
 from reactor_serve.runtime.pacing.emission_clock import PresentedFrame
 from reactor_serve.sessions.recording.recorder import SessionRecordings
 from reactor_serve.sessions.recording.settings import RecordingSettings
@@ -185,3 +186,95 @@ async def test_a_session_that_cannot_record_refuses_and_records_nothing(tmp_path
     await end(recordings)
     assert [e["errors"][0]["rule"] for e in of(sent, "recordingError")] == [rule, rule]
     assert not (tmp_path / "rec").exists()
+
+
+# ---- wire v1: clips served over HTTP ------------------------------------------------------
+
+
+async def answer_of(recordings, seconds):
+    answers = []
+    recordings.request_clip(seconds, answers.append)
+    for _ in range(500):
+        if answers:
+            return answers[0]
+        await asyncio.sleep(0.01)
+    raise AssertionError("the clip request was never answered")
+
+
+def download(served, answer):
+    """What the official SDK's download() does: the playlist, then each URI in order."""
+    start, end = (float(part.split("=")[1]) for part in answer.playlist_url.split("&")[1:])
+    playlist = served.playlist(start, end)
+    assert isinstance(playlist, str), playlist
+    uris = [line.split('"')[1] if line.startswith("#EXT-X-MAP") else line
+            for line in playlist.splitlines() if line.startswith("#EXT-X-MAP") or not line.startswith("#")]
+    assert all(uri.startswith("clips/chunks/s1/") for uri in uris)
+    return b"".join(served.chunk(uri.rsplit("/", 1)[1]) for uri in uris)
+
+
+def frame_pts(data, tmp_path):
+    path = tmp_path / "downloaded.mp4"
+    path.write_bytes(data)
+    with av.open(str(path)) as container:
+        return [f.pts for f in container.decode(video=0)]
+
+
+async def test_a_v1_clip_is_served_as_hls_and_downloads_as_the_frames_presented(tmp_path):
+    recordings, sent = make(tmp_path, clip_seconds=2, keyframe_interval_s=0.5)
+    fanout = Fanout()
+    recordings.attach(fanout)
+    for n in range(30):
+        fanout.present(n)
+    answer = await answer_of(recordings, 1.0)
+    # 1 s back from 2.9 s: from the keyframe at 1.5 s.
+    assert (answer.kind, answer.start_s, answer.end_s, answer.now_s) == ("clip", 1.5, 2.9, 2.9)
+    assert answer.playlist_url == "/clips?session_id=s1&start=1.500&end=2.900"
+    assert frame_pts(download(recordings.served, answer), tmp_path) == [n * SECOND // 10 for n in range(15)]
+    # More than the ring keeps is what it keeps.
+    longer = await answer_of(recordings, 60)
+    assert longer.failed is None and longer.start_s <= 1.0
+    await end(recordings)
+    with pytest.raises(ClipGone):
+        recordings.served.playlist(1.5, 2.9)
+    assert of(sent, "recordingError") == []
+
+
+async def test_a_v1_recording_grows_with_the_session_and_is_ready_once_now_is_written(tmp_path):
+    recordings, _ = make(tmp_path, clip_seconds=0, keyframe_interval_s=0.5)
+    fanout = Fanout()
+    recordings.attach(fanout, record=True)
+    for n in range(12):
+        fanout.present(n)
+    answer = await answer_of(recordings, None)
+    assert (answer.kind, answer.start_s, answer.end_s) == ("recording", 0.0, 1.1)
+    # The fragment holding 1.1 s closes at the next keyframe (1.5 s): until then, wait.
+    assert recordings.served.playlist(0.0, 1.1) == 0.5
+    for n in range(12, 16):
+        fanout.present(n)
+    for _ in range(500):
+        if isinstance(recordings.served.playlist(0.0, 1.1), str):
+            break
+        await asyncio.sleep(0.01)
+    assert frame_pts(download(recordings.served, answer), tmp_path) == [n * SECOND // 10 for n in range(15)]
+    await end(recordings)
+
+
+async def test_v1_clip_requests_that_cannot_be_met_say_why(tmp_path):
+    recordings, _ = make(tmp_path, clip_seconds=1, keyframe_interval_s=0.5)
+    fanout = Fanout()
+    recordings.attach(fanout)
+    assert "nothing to save yet" in (await answer_of(recordings, 1.0)).failed
+    for n in range(40):
+        fanout.present(n)
+    # Only the last second is kept, and nothing records the whole session.
+    whole = (await answer_of(recordings, None)).failed
+    assert whole.startswith("recorder disabled: no recording of the whole session")
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        assert "duration_seconds" in (await answer_of(recordings, bad)).failed
+    with pytest.raises(UnknownClip):
+        recordings.served.playlist(0.0, 1.0)
+    await end(recordings)
+    off, _ = make(tmp_path, config={"recording": {"enabled": False}})
+    off.attach(Fanout())
+    assert (await answer_of(off, 1.0)).failed.startswith("recorder disabled: model m does not allow")
+    await end(off)
