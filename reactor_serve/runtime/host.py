@@ -54,6 +54,7 @@ from reactor_serve.runtime.pacing.output_buffer import (
 from reactor_serve.runtime.pacing.output_splitter import OutputSplitter
 from reactor_serve.runtime.session import EndReason, Session, SessionSink
 from reactor_serve.runtime.startup_heap import freeze_startup_heap
+from reactor_serve.runtime.stepping import StepFailure, StepGate, StepOutcome
 
 __all__ = ["ModelHost", "ModelLoadError", "SessionBusy", "model_config"]
 
@@ -132,6 +133,8 @@ class ModelHost:
         # Tasks the host starts on the model loop, referenced until done (the loop
         # keeps only weak references to tasks).
         self._tasks: set[asyncio.Task[Any]] = set()
+        # When the running step of a stepped session started its unit.
+        self._step_started = 0.0
 
     # ---- construction -----------------------------------------------------------
 
@@ -212,13 +215,16 @@ class ModelHost:
 
     # ---- sessions ---------------------------------------------------------------
 
-    async def open_session(self, sink: SessionSink, session_id: str | None = None) -> Session:
+    async def open_session(
+        self, sink: SessionSink, session_id: str | None = None, *, stepped: bool = False
+    ) -> Session:
         """Connect a client. Raises SessionBusy if one is live, RuntimeError if the model
         is not loaded. The returned session may already have ended if a `@connected`
-        hook failed (its sink was told why)."""
+        hook failed (its sink was told why). A `stepped` one makes nothing until its
+        first `step`."""
         if not self.healthy:
             raise RuntimeError(f"model {self.spec.name!r} is not loaded")
-        session = Session(self, sink, session_id)
+        session = Session(self, sink, session_id, stepped=stepped)
         session.context = _LiveContext(self, session)
         await asyncio.wrap_future(self._thread.submit(self._connect(session)))
         return session
@@ -239,6 +245,8 @@ class ModelHost:
         if session.ended.is_set():
             return
         session.mark_stopping()
+        if session.step_gate is not None:
+            session.step_gate.close(_step_ended(reason, detail))
         for buffer in self.input_buffers.values():
             buffer.detach()
         self._record_end(session, reason, detail)
@@ -283,14 +291,16 @@ class ModelHost:
             self._session = session
             assert session.context is not None
             register_live(session.context)
-            self.model.connected.set()
+            if session.step_gate is None:
+                self.model.connected.set()
         try:
             for hook in self.spec.connected_hooks:
                 await call_model(getattr(self.model, hook))
         except Exception as exc:
             await self._fail(session, f"@connected {hook}()", exc)
             return
-        self._driver.start_session(session)
+        if session.step_gate is None:
+            self._driver.start_session(session)
 
     async def _disconnect(self, session: Session, reason: str, detail: str | None) -> None:
         assert self._lifecycle is not None
@@ -299,6 +309,9 @@ class ModelHost:
                 return
             session.mark_stopping()
             self.model.connected.clear()
+            if session.step_gate is not None:
+                # The producer waiting for a step goes on to see the session stop.
+                session.step_gate.close(_step_ended(reason, detail))
             await self._driver.stop(session)
             for hook in self.spec.disconnected_hooks:
                 try:
@@ -504,9 +517,15 @@ class ModelHost:
         return items
 
     async def _emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
+        gate = self._step_gate()
         items = self._prepare(output, compute_time)
         if items:
-            await self.output_buffer.put(items, drop)
+            await self.output_buffer.put(items, drop and gate is None)
+        if gate is not None:
+            # One unit of a stepped session: it answers its step, and the next unit
+            # waits for the next step.
+            gate.produced(self._unit_seconds(compute_time))
+            await gate.wait()
         # Every emit is an await point for event handlers, as the reference promises,
         # even when the buffer had room and `put` returned without suspending.
         await asyncio.sleep(0)
@@ -516,6 +535,8 @@ class ModelHost:
         if session.stopping:
             return
         if frames is None:
+            if session.step_gate is not None:
+                return  # nothing is streamed, so there is no picture to hold
             # emit_block(None): one black frame, at the size the client last saw.
             if len(self.spec.video_outputs) != 1:
                 return
@@ -523,6 +544,86 @@ class ModelHost:
         items = self._prepare(frames, None)
         if items:
             self.output_buffer.put_blocking(items, should_stop=lambda: session.stopping)
+        gate = session.step_gate
+        if gate is not None:
+            gate.produced(self._unit_seconds(None))
+            gate.wait_blocking(lambda: session.stopping)
+
+    # ---- stepped sessions (runtime/stepping.py) ------------------------------------
+
+    def _step_gate(self) -> StepGate | None:
+        session = self._session
+        return session.step_gate if session is not None else None
+
+    def _unit_seconds(self, compute_time: float | None) -> float:
+        """How long the unit just produced took: the model's own measure when the
+        driver has one, else since its step started it."""
+        if compute_time is not None:
+            return compute_time
+        return max(0.0, time.perf_counter() - self._step_started)
+
+    async def step(
+        self, session: Session, state: dict[str, Any], commands: list[tuple[str, Any]]
+    ) -> StepOutcome:
+        """See `SessionHost.step`."""
+        if not self._thread.alive:
+            return StepOutcome(StepFailure.SESSION_ENDED, "the model is not running")
+        return await asyncio.wrap_future(self._thread.submit(self._step(session, state, commands)))
+
+    async def _step(
+        self, session: Session, state: dict[str, Any], commands: list[tuple[str, Any]]
+    ) -> StepOutcome:
+        gate = session.step_gate
+        if gate is None:
+            return StepOutcome(StepFailure.REFUSED, 'this session streams: a step needs a '
+                               'session started with "generation": "stepped"')
+        if session is not self._session or session.stopping:
+            return StepOutcome(StepFailure.SESSION_ENDED, "the session has ended")
+        if gate.busy:
+            return StepOutcome(StepFailure.NOT_READY, f"step {gate.steps} is still running")
+        # The whole request is checked before any of it applies.
+        plan: list[tuple[str, CommandSpec, dict[str, Any]]] = []
+        try:
+            for field_name, value in state.items():
+                entry = f"state.{field_name}"
+                command = self.spec.commands.get(f"set_{field_name}")
+                if command is None or command.kind != "setter":
+                    fields = ", ".join(sorted(c.target for c in self.spec.commands.values()
+                                              if c.kind == "setter")) or "none"
+                    raise InputRejected(f"the model has no state field {field_name!r} "
+                                        f"(fields: {fields})", [])
+                plan.append((entry, command, command.validate({field_name: value})))
+            for name, data in commands:
+                entry = name
+                command = self.spec.commands.get(name)
+                if command is None:
+                    known = ", ".join(sorted(self.spec.commands)) or "none"
+                    raise InputRejected(f"unknown command {name!r} (known: {known})", [])
+                plan.append((entry, command, command.validate({} if data is None else data)))
+        except InputRejected as exc:
+            return StepOutcome(StepFailure.REFUSED, f"{entry}: {exc.message}", entry)
+        for entry, command, args in plan:
+            try:
+                await self._apply(command, args)
+            except Exception as exc:
+                log.warning("model %s: step %d: %s raised: %r", self.spec.name, gate.steps + 1,
+                            entry, exc)
+                return StepOutcome(StepFailure.COMMAND_FAILED,
+                                   f"{entry} raised {type(exc).__name__}: {exc}", entry)
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[StepOutcome] = loop.create_future()
+
+        def done(outcome: StepOutcome) -> None:
+            loop.call_soon_threadsafe(lambda: answer.done() or answer.set_result(outcome))
+
+        if session is not self._session or session.stopping or not gate.arm(done):
+            return StepOutcome(StepFailure.SESSION_ENDED, "the session has ended")
+        self._step_started = time.perf_counter()
+        if not gate.started:
+            gate.started = True
+            self.model.connected.set()
+            self._driver.start_session(session)
+        return await answer
 
     # ---- shutdown ---------------------------------------------------------------
 
@@ -681,6 +782,15 @@ def _legacy_defaults(model_cls: type) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the config must be a mapping at the top level")
     return data
+
+
+def _step_ended(reason: str, detail: str | None) -> StepOutcome:
+    """What a step in flight comes to when its session ends: a model error is the
+    step's failure, anything else ended the session under it."""
+    if reason == EndReason.ERROR:
+        return StepOutcome(StepFailure.FAILED, detail or "the model failed")
+    return StepOutcome(StepFailure.SESSION_ENDED, f"the session ended ({reason}"
+                       + (f": {detail})" if detail else ")"))
 
 
 def _accepted(session: Session, ticket: CommandTicket | None) -> None:

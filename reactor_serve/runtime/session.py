@@ -27,6 +27,7 @@ from reactor_serve.runtime.input_latency import (
 )
 from reactor_serve.runtime.pacing.emission_clock import EmissionClock
 from reactor_serve.runtime.pacing.output_buffer import OutputBuffer
+from reactor_serve.runtime.stepping import StepGate, StepOutcome
 
 if TYPE_CHECKING:
     from reactor_serve.interface.context import SessionContext
@@ -101,8 +102,18 @@ class SessionHost(Protocol):
     def shutdown(self, timeout: float = 15.0) -> None:
         """End any live session, stop the model."""
 
-    async def open_session(self, sink: SessionSink, session_id: str | None = None) -> Session:
-        """Connect a client (raises SessionBusy while another session is live)."""
+    async def open_session(
+        self, sink: SessionSink, session_id: str | None = None, *, stepped: bool = False
+    ) -> Session:
+        """Connect a client (raises SessionBusy while another session is live).
+        `stepped`: the model makes nothing until asked, one unit per `step`."""
+
+    async def step(
+        self, session: Session, state: dict[str, Any], commands: list[tuple[str, Any]]
+    ) -> StepOutcome:
+        """One step of a stepped session: apply `state` (each field through its
+        setter) and `commands`, in order, then run one unit of the model's work, whose
+        frames arrive in `output_buffer` before this returns."""
 
     def push_input(self, session: Session, track: str, frame: Any) -> None:
         """A client frame for input track `track` (raises KeyError for an unknown one)."""
@@ -119,8 +130,14 @@ class SessionHost(Protocol):
 class Session:
     """One live client of a `SessionHost`."""
 
-    def __init__(self, host: SessionHost, sink: SessionSink, session_id: str | None = None) -> None:
+    def __init__(
+        self, host: SessionHost, sink: SessionSink, session_id: str | None = None,
+        *, stepped: bool = False,
+    ) -> None:
         self.id = session_id or secrets.token_urlsafe(16)
+        # A stepped session's one unit of work per step (runtime/stepping.py); None
+        # when it streams.
+        self.step_gate: StepGate | None = StepGate() if stepped else None
         self.host = host
         self.sink = sink
         # What `get_ctx()` returns for this session, where the model runs (set by

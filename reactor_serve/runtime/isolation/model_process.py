@@ -63,6 +63,7 @@ from reactor_serve.runtime.pacing.frames import audio_chunk, video_batch
 from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
 from reactor_serve.runtime.session import EndReason, Session, SessionSink
 from reactor_serve.runtime.startup_heap import freeze_startup_heap
+from reactor_serve.runtime.stepping import StepFailure, StepOutcome
 
 __all__ = ["ModelProcess", "hosted_model", "in_process_requested"]
 
@@ -122,6 +123,7 @@ class ModelProcess:
         self._sessions: dict[str, Session] = {}
         self._ends: dict[str, concurrent.futures.Future[None]] = {}
         self._lock = threading.Lock()
+        self._step_ids = 0
         self.inputs_dropped = 0
 
     # ---- life ----------------------------------------------------------------------
@@ -243,9 +245,14 @@ class ModelProcess:
         child.dead = True
         with child.lock:
             opens, child.opens = child.opens, {}
+            steps, child.steps = child.steps, {}
         for future in opens.values():
             if not future.done():
                 future.set_result(("error", why or "the model process stopped"))
+        for step in steps.values():
+            if not step.done():
+                step.set_result(StepOutcome(StepFailure.FAILED if why else StepFailure.SESSION_ENDED,
+                                            why or "the model process stopped"))
         for session in list(self._sessions.values()):
             self._abandon(session, EndReason.SHUTDOWN if why is None else EndReason.ERROR, why)
         # Frames it made are views of its memory: drop them, and the mappings go
@@ -260,7 +267,9 @@ class ModelProcess:
 
     # ---- sessions ------------------------------------------------------------------------
 
-    async def open_session(self, sink: SessionSink, session_id: str | None = None) -> Session:
+    async def open_session(
+        self, sink: SessionSink, session_id: str | None = None, *, stepped: bool = False
+    ) -> Session:
         """Connect a client. Raises SessionBusy if one is live, RuntimeError if the
         model is not loaded (a restarting one is waited for, up to OPEN_WAIT_S)."""
         if not self.healthy:
@@ -274,16 +283,16 @@ class ModelProcess:
                     raise RuntimeError(f"model {self.spec.name!r} is restarting; try again")
             child = self._child
             assert child is not None
-            session = await self._open_on(child, sink, session_id)
+            session = await self._open_on(child, sink, session_id, stepped)
             if session is not None:
                 return session
             # The model process died while the session opened: the next one takes it.
         raise RuntimeError(f"model {self.spec.name!r}: the model process keeps dying")
 
     async def _open_on(
-        self, child: _Child, sink: SessionSink, session_id: str | None
+        self, child: _Child, sink: SessionSink, session_id: str | None, stepped: bool
     ) -> Session | None:
-        session = Session(self, sink, session_id)
+        session = Session(self, sink, session_id, stepped=stepped)
         answer: concurrent.futures.Future[tuple[str, str | None]] = concurrent.futures.Future()
         with self._lock:
             if self._sessions:
@@ -292,7 +301,7 @@ class ModelProcess:
             self._ends[session.id] = concurrent.futures.Future()
         with child.lock:
             child.opens[session.id] = answer
-        if not child.channel.send("open", session.id):
+        if not child.channel.send("open", session.id, stepped):
             answer.set_result(("error", "the model process is gone"))
         outcome, detail = await asyncio.wrap_future(answer)
         if outcome == "busy":
@@ -359,6 +368,24 @@ class ModelProcess:
         if child is not None and not child.dead and not session.stopping:
             child.channel.send("command", session.id, name, data, ticket)
 
+    async def step(
+        self, session: Session, state: dict[str, Any], commands: list[tuple[str, Any]]
+    ) -> StepOutcome:
+        """See `SessionHost.step`: run in the model process, whose emit has placed the
+        step's frames in `output_buffer` before it answers."""
+        child = self._child
+        if child is None or child.dead or session.stopping:
+            return StepOutcome(StepFailure.SESSION_ENDED, "the session has ended")
+        answer: concurrent.futures.Future[StepOutcome] = concurrent.futures.Future()
+        with child.lock:
+            self._step_ids += 1
+            step_id = self._step_ids
+            child.steps[step_id] = answer
+        if not child.channel.send("step", session.id, step_id, state, commands):
+            child.answer_step(step_id, StepOutcome(StepFailure.SESSION_ENDED,
+                                                   "the model process is gone"))
+        return await asyncio.wrap_future(answer)
+
     def _session_ended(self, session_id: str, reason: str, detail: str | None) -> None:
         session = self._sessions.get(session_id)
         if session is None:
@@ -422,6 +449,8 @@ class ModelProcess:
                 answer = child.opens.pop(args[0], None)
             if answer is not None and not answer.done():
                 answer.set_result(("opened", None) if op == "opened" else (args[1], args[2]))
+        elif op == "stepped":
+            child.answer_step(args[0], args[1])
         elif op == "loaded":
             log.info("model %s loaded in its process in %.1f s", self.spec.name, args[0])
             child.loaded.set_result(None)
@@ -486,6 +515,8 @@ class _Child:
         self.lock = threading.Lock()
         self.loaded: concurrent.futures.Future[ModelLoadError | None] = concurrent.futures.Future()
         self.opens: dict[str, concurrent.futures.Future[tuple[str, str | None]]] = {}
+        # Steps asked of the model process, by id, until it answers (or dies).
+        self.steps: dict[int, concurrent.futures.Future[StepOutcome]] = {}
         self.epoch = 0
         self.errors = 0
         self.dead = False
@@ -497,6 +528,12 @@ class _Child:
 
     def wait_started(self) -> ModelLoadError | None:
         return self.loaded.result()
+
+    def answer_step(self, step_id: int, outcome: StepOutcome) -> None:
+        with self.lock:
+            answer = self.steps.pop(step_id, None)
+        if answer is not None and not answer.done():
+            answer.set_result(outcome)
 
     def ask_to_stop(self) -> None:
         # Its live session ends with its @disconnected hooks run.

@@ -28,6 +28,7 @@ from reactor_serve.runtime.isolation.process_channel import (
     ProcessChannel,
 )
 from reactor_serve.runtime.session import Session
+from reactor_serve.runtime.stepping import StepFailure, StepOutcome
 
 __all__ = ["main"]
 
@@ -156,6 +157,8 @@ class _Worker:
                 host.submit_command(session, name, data, ticket)
         elif op == "open":
             asyncio.run_coroutine_threadsafe(self._open(*args), self.loop)
+        elif op == "step":
+            asyncio.run_coroutine_threadsafe(self._step(*args), self.loop)
         elif op == "close":
             asyncio.run_coroutine_threadsafe(self._close(*args), self.loop)
         elif op == "shutdown":
@@ -163,11 +166,11 @@ class _Worker:
         else:
             log.error("the model process got an unknown request %r", op)
 
-    async def _open(self, session_id: str) -> None:
+    async def _open(self, session_id: str, stepped: bool = False) -> None:
         assert self.host is not None
         sink = _ForwardingSink(self, session_id)
         try:
-            session = await self.host.open_session(sink, session_id)
+            session = await self.host.open_session(sink, session_id, stepped=stepped)
         except SessionBusy as exc:
             self.channel.send("open_failed", session_id, "busy", str(exc))
             return
@@ -177,6 +180,21 @@ class _Worker:
         if not session.ended.is_set():
             self.sessions[session_id] = session
         self.channel.send("opened", session_id)
+
+    async def _step(
+        self, session_id: str, step_id: int, state: dict[str, Any], commands: list[tuple[str, Any]]
+    ) -> None:
+        assert self.host is not None
+        session = self.sessions.get(session_id)
+        if session is None:
+            outcome = StepOutcome(StepFailure.SESSION_ENDED, "the session has ended")
+        else:
+            try:
+                outcome = await self.host.step(session, state, commands)
+            except Exception as exc:
+                log.exception("a step failed")
+                outcome = StepOutcome(StepFailure.FAILED, f"{type(exc).__name__}: {exc}")
+        self.channel.send("stepped", step_id, outcome)
 
     async def _close(self, session_id: str, reason: str, detail: str | None) -> None:
         assert self.host is not None
