@@ -76,6 +76,8 @@ class InvalidBody(ValueError):
 @dataclass(frozen=True)
 class StartBody:
     extra_args: dict[str, Any] = field(default_factory=dict)
+    # "streamed" (the model generates continuously) or "stepped" (one unit per step).
+    generation: str = "streamed"
 
 
 @dataclass(frozen=True)
@@ -107,11 +109,17 @@ class UploadBody:
 
 
 def start_body(data: dict[str, Any] | None) -> StartBody:
-    """`{}` or `{"extra_args": {...}}`; an absent body is `{}`."""
+    """`{}`, `{"extra_args": {...}}`, `{"generation": "streamed"|"stepped"}`; an absent
+    body is `{}`."""
     data = data or {}
+    generation = data.get("generation", "streamed")
+    if generation is None:
+        generation = "streamed"
+    if generation not in ("streamed", "stepped"):
+        raise InvalidBody(f'generation: must be "streamed" or "stepped", got {describe(generation)}')
     extra = data.get("extra_args")
     if extra is None:
-        return StartBody()
+        return StartBody(generation=generation)
     if not isinstance(extra, dict):
         raise InvalidBody(f"extra_args: must be an object, got {describe(extra)}")
     # ensure_ascii=False: the size that counts is what the model will hold.
@@ -123,7 +131,7 @@ def start_body(data: dict[str, Any] | None) -> StartBody:
     # A value already parsed: walked, not serialised again to count its brackets.
     if value_depth(extra, limit=MAX_EXTRA_ARGS_DEPTH) > MAX_EXTRA_ARGS_DEPTH:
         raise InvalidBody(f"extra_args: nests deeper than {MAX_EXTRA_ARGS_DEPTH} levels")
-    return StartBody(extra_args=extra)
+    return StartBody(extra_args=extra, generation=generation)
 
 
 def stop_body(data: dict[str, Any] | None) -> StopBody:

@@ -260,7 +260,7 @@ def session_routes(
 
         return session_descriptor(
             b.spec, info.session_id, info.state, server_version=server_version,
-            end_reason=info.end_reason, end_message=info.end_message,
+            end_reason=info.end_reason, end_message=info.end_message, generation=info.generation,
         )
 
     # ---- session lifecycle -------------------------------------------------------
@@ -269,7 +269,7 @@ def session_routes(
     async def start_session(request: Request) -> JSONResponse:
         body = start_body(await _body(request))
         b = backend_for(request)
-        info = await b.create_session(body.extra_args, _client(request))
+        info = await b.create_session(body.extra_args, _client(request), generation=body.generation)
         return _json(descriptor(b, info))
 
     @_answering

@@ -274,6 +274,7 @@ def session_descriptor(
     server_version: str,
     end_reason: str | None = None,
     end_message: str | None = None,
+    generation: str = "streamed",
 ) -> dict[str, Any]:
     """The `start_session` response (also `GET {base}/session`).
 
@@ -302,6 +303,9 @@ def session_descriptor(
         "model": {"name": spec.name},
         "capabilities": capabilities(spec),
         "schema": model_schema(spec),
+        # The official SDK checks this against the generation it asked for.
+        "generation": generation,
+        "step_results": {"enabled": generation == "stepped"},
     }
     if state == "ended":
         descriptor["end_reason"] = end_reason

@@ -28,6 +28,7 @@ class StepFailure:
     NOT_READY = "not_ready"  # another step is still running
     FAILED = "failed"  # the model raised while producing
     COMMAND_FAILED = "command_failed"  # a state value's or command's handler raised
+    RESULT_TOO_LARGE = "result_too_large"  # made more than one message may carry
     SESSION_ENDED = "session_ended"
 
 

@@ -56,6 +56,7 @@ from reactor_serve.sessions.contract import (
     SessionState,
     mask_session_id,
 )
+from reactor_serve.sessions.session_steps import check_steppable
 
 __all__ = ["IngressSessions"]
 
@@ -109,15 +110,20 @@ class IngressSessions:
 
     # ---- SessionBackend -----------------------------------------------------------
 
-    async def create_session(self, extra_args: dict[str, Any], client: ClientIdentity) -> SessionInfo:
+    async def create_session(
+        self, extra_args: dict[str, Any], client: ClientIdentity, *, generation: str = "streamed"
+    ) -> SessionInfo:
+        check_steppable(self._spec, generation)
         await self._deployment.check_available()
         session_id = secrets.token_urlsafe(24)
         now = time.time()
         await self._directory.put(session_id, {
             "model": self._spec.name, "created_at": now, "extra_args": extra_args,
             "client": client.digest, "state": SessionState.CREATED, "next_cid": 1,
+            "generation": generation,
         })
-        return SessionInfo(session_id, SessionState.CREATED, now, dict(extra_args))
+        return SessionInfo(session_id, SessionState.CREATED, now, dict(extra_args),
+                           generation=generation)
 
     async def get_session(self, session_id: str) -> SessionInfo:
         record = await self._record(session_id)
@@ -129,7 +135,8 @@ class IngressSessions:
         elif state not in (SessionState.CREATED, SessionState.WAITING, SessionState.ENDED):
             state = SessionState.WAITING
         return SessionInfo(session_id, state, record["created_at"],
-                           dict(record.get("extra_args") or {}), end_reason, end_message)
+                           dict(record.get("extra_args") or {}), end_reason, end_message,
+                           generation=str(record.get("generation") or "streamed"))
 
     async def submit_offer(
         self,

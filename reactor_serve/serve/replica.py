@@ -132,6 +132,7 @@ class ModelReplica:
                 dict(record.get("extra_args") or {}),
                 ClientIdentity(str(record.get("client") or "")),
                 session_id=session_id,
+                generation=str(record.get("generation") or "streamed"),
             )
         except BackendError as exc:
             yield _rejected(exc)

@@ -91,6 +91,8 @@ class SessionInfo:
     # Set once the session has ended: the `sessionEnded` reason and message.
     end_reason: str | None = None
     end_message: str | None = None
+    # "streamed", or "stepped": the model makes nothing until the client asks for a step.
+    generation: str = "streamed"
 
 
 def mask_session_id(session_id: str) -> str:
@@ -107,9 +109,11 @@ class SessionBackend(Protocol):
         """The model's spec (tracks, commands, fps), for descriptors and schemas."""
 
     async def create_session(
-        self, extra_args: dict[str, Any], client: ClientIdentity
+        self, extra_args: dict[str, Any], client: ClientIdentity, *, generation: str = "streamed"
     ) -> SessionInfo:
-        """Reserve a session in state `created`. Raises ModelBusy / ModelUnavailable."""
+        """Reserve a session in state `created` (`generation`: "streamed" or
+        "stepped"). Raises ModelBusy / ModelUnavailable, and OfferRejected for a
+        stepped session of a model that cannot step."""
 
     async def get_session(self, session_id: str) -> SessionInfo:
         """The session, ended ones included for a while (with their end reason).

@@ -45,7 +45,11 @@ from reactor_serve.runtime.command_queue import CommandQueue
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.log_throttle import LogThrottle
 from reactor_serve.sessions.recording.recorder import RECORDING_REQUESTS
-from reactor_serve.sessions.uploads.arguments import FileLookup, described, resolve_files
+from reactor_serve.sessions.uploads.arguments import (
+    FileLookup,
+    described,
+    resolve_files,
+)
 from reactor_serve.sessions.wire_v1_requests import WireV1Requests
 
 __all__ = [
@@ -149,6 +153,8 @@ class InboundHandler:
         files: FileLookup | None = None,
         track_control: Callable[[str, str], None] | None = None,
         clips: Callable[[float | None, Callable[[Any], None]], bool] | None = None,
+        steps: Callable[[str, Any], None] | None = None,
+        step_bytes: int = 0,
     ) -> None:
         self.session_id = session_id
         self._command = command
@@ -190,6 +196,10 @@ class InboundHandler:
         self._track_control = track_control
         # Wire v1 clip requests (SessionRecordings.request_clip); None: not recorded.
         self._clips = clips
+        # Wire v1 step requests of a stepped session (SessionSteps.request), and the
+        # most one may weigh; None: the session streams.
+        self._steps = steps
+        self.step_bytes = step_bytes if steps is not None else 0
 
     def spec(self) -> Any:
         """The model's spec (commands, tracks), as it is now."""
@@ -443,6 +453,18 @@ class InboundHandler:
             and isinstance(name, str)
         ):
             self._track_control(event, name)
+
+    def request_step(self, request_id: str, request: Any) -> bool:
+        """A wire v1 step; False when this session streams."""
+        if self._steps is None:
+            return False
+        self._steps(request_id, request)
+        return True
+
+    def resolve_files(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        """`args` of command `name` with its upload references made files (raises
+        BadCommand naming the field for one that names no upload of the session)."""
+        return self._resolve_files(name, args)
 
     def request_clip(self, seconds: float | None, answer: Callable[[Any], None]) -> bool:
         """A wire v1 clip (`seconds`) or recording (None) request; False when this

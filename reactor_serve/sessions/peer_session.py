@@ -38,6 +38,7 @@ from reactor_serve.rtc.codecs import apply_bitrate_range
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.session import EndReason, Session, SessionHost
+from reactor_serve.runtime.stepping import StepFailure
 from reactor_serve.sessions import farewell
 from reactor_serve.sessions.candidates import TrickledCandidates, parse_candidates
 from reactor_serve.sessions.contract import SessionState
@@ -47,6 +48,7 @@ from reactor_serve.sessions.offer_answering import Answer, OfferAnswerer, check_
 from reactor_serve.sessions.orphan_timer import OrphanTimer
 from reactor_serve.sessions.outbox import Outbox
 from reactor_serve.sessions.recording.recorder import SessionRecordings
+from reactor_serve.sessions.session_steps import SessionSteps
 from reactor_serve.sessions.uploads.store import SessionUploads
 from reactor_serve.sessions.viewers.room import ViewerRoom
 
@@ -135,6 +137,10 @@ class PeerSession:
         self.recordings: SessionRecordings | None = None
         self.extra_args: dict[str, Any] = {}
         self.recording_override: dict[str, Any] | None = None
+        # "stepped": the model makes nothing until the client asks for a step
+        # (sessions/session_steps.py); "streamed" by default.
+        self.generation = "streamed"
+        self.steps: SessionSteps | None = None
         # The files the client uploaded to this session (its backend's store), which
         # its commands name by id; None: the session takes none.
         self.uploads: SessionUploads | None = None
@@ -255,7 +261,7 @@ class PeerSession:
                 raise
             self._install(pc, tracks, answer)
             if chunking is not None:
-                return dc_chunking.with_chunking(answer.sdp, channel_codec.MAX_MESSAGE_BYTES)
+                return dc_chunking.with_chunking(answer.sdp, self._inbound_limit())
             return answer.sdp
 
     def _install(self, pc: RTCPeerConnection, tracks: list[Any], answer: Answer) -> None:
@@ -272,8 +278,9 @@ class PeerSession:
             )
         self.connections += 1
         self._timer.resume()
-        if self._fanout.paused:
+        if self._fanout.paused and not self.stepped:
             # Resuming an orphaned session: fresh frames, not what queued meanwhile.
+            # (A stepped session's frames answer its steps: nothing streams.)
             self._fanout.resume()
         self._set_state(SessionState.STREAMING)
         if previous[0] is not None:
@@ -313,7 +320,8 @@ class PeerSession:
             raise
 
     async def _open(self) -> None:
-        session = await self.host.open_session(_Sink(self), session_id=self.id)
+        session = await self.host.open_session(_Sink(self), session_id=self.id,
+                                               stepped=self.stepped)
         self.session = session
         self._fanout = OutputFanout(
             session.clock, self.host.spec.outputs, on_error=self._on_fanout_error,
@@ -323,7 +331,16 @@ class PeerSession:
             raise OfferRejected(
                 f"the model ended the session at connect: {session.end_detail}"
             )
-        self._fanout.start()
+        if self.stepped:
+            # Nothing streams: each step's frames answer that step.
+            self.steps = SessionSteps(
+                session=lambda: self.session, outputs=self.host.spec.outputs,
+                inputs=self.host.spec.inputs, output_buffer=self.host.output_buffer,
+                fps=self.host.spec.fps, send_frame=self._send_frame, limit=self._message_limit,
+                resolve=lambda name, args: self.inbound.resolve_files(name, args),
+            )
+        else:
+            self._fanout.start()
         self.viewers = ViewerRoom(self.id, self.host.spec, self.settings, self._fanout)
         self.recordings = SessionRecordings.for_session(
             model=self.host.spec.name, session_id=self.id, config=self.host.config,
@@ -357,7 +374,7 @@ class PeerSession:
                     self._on_channel_message(label, raw)
             else:
                 self._channels[label] = dc_chunking.ChunkedChannel(channel, chunking)
-                reassembler = dc_chunking.Reassembler(channel_codec.MAX_MESSAGE_BYTES)
+                reassembler = dc_chunking.Reassembler(self._inbound_limit())
 
                 @channel.on("message")
                 def on_frame(raw: str | bytes) -> None:
@@ -566,6 +583,8 @@ class PeerSession:
             files=self._uploaded_file,
             track_control=self._control_track,
             clips=self._request_clip,
+            steps=self._request_step if self.stepped else None,
+            step_bytes=wire_v1.STEP_MAX_MESSAGE_BYTES,
         )
 
     def _request_clip(self, seconds: float | None, answer: Callable[[Any], None]) -> bool:
@@ -594,6 +613,28 @@ class PeerSession:
 
     def _send_frame(self, label: str, frame: bytes) -> None:
         self._outbox.send(frame, label)
+
+    def _inbound_limit(self) -> int:
+        """The most one message from the client may weigh on a chunked connection: a
+        step's input frames make it big; anything else keeps to the frame bound."""
+        return wire_v1.STEP_MAX_MESSAGE_BYTES if self.stepped else channel_codec.MAX_MESSAGE_BYTES
+
+    @property
+    def stepped(self) -> bool:
+        return self.generation == "stepped"
+
+    def _message_limit(self) -> int:
+        """The most one message on "data" may weigh for this client now."""
+        channel = self._channels.get("data")
+        return int(getattr(channel, "limit", dc_chunking.DEFAULT_LIMIT))
+
+    def _request_step(self, request_id: str, request: Any) -> None:
+        steps = self.steps
+        if steps is None:
+            self._send_frame(wire_v1.DATA, wire_v1.step_failed(
+                request_id, StepFailure.NOT_READY, "the session is not open yet: connect first"))
+            return
+        steps.request(request_id, request)
 
     @property
     def wire(self) -> Wire:

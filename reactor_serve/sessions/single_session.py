@@ -45,6 +45,7 @@ from reactor_serve.sessions.contract import (
 )
 from reactor_serve.sessions.negotiations import Negotiations
 from reactor_serve.sessions.recording.served_clips import ServedClips
+from reactor_serve.sessions.session_steps import check_steppable
 from reactor_serve.sessions.uploads.settings import UploadSettings
 from reactor_serve.sessions.uploads.store import SessionUploads
 from reactor_serve.sessions.viewers.links import ViewerLinks
@@ -179,9 +180,11 @@ class SingleSessionBackend:
         client: ClientIdentity | None = None,
         *,
         session_id: str | None = None,
+        generation: str = "streamed",
     ) -> SessionInfo:
         """Reserve the one session (state `created`). `session_id`: an id chosen by
         the caller (a Serve replica takes the ingress's), else a fresh random one."""
+        check_steppable(self.spec, generation)
         if not self._host.healthy:
             error = self._host.load_error
             raise ModelUnavailable(
@@ -205,6 +208,7 @@ class SingleSessionBackend:
             state=SessionState.CREATED,
             created_at=time.time(),
             extra_args=dict(extra_args),
+            generation=generation,
         )
         peer = self._peer_factory(
             self._host,
@@ -215,6 +219,7 @@ class SingleSessionBackend:
         )
         # Start options (`record`, sessions/recording/recorder.py) travel with the peer.
         peer.extra_args = dict(extra_args)
+        peer.generation = generation
         peer.recording_override = self.recording_override
         uploads = SessionUploads(self.upload_settings)
         # The peer's commands name uploads by id (sessions/uploads/arguments.py).

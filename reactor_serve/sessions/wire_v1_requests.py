@@ -54,6 +54,13 @@ class CommandIntake(Protocol):
     def ignore(self, channel: str, exc: Exception) -> None: ...
     def control_track(self, event: Any, name: Any) -> None: ...
 
+    @property
+    def step_bytes(self) -> int:
+        """How big a step request may be (0: this session does not step)."""
+
+    def request_step(self, request_id: str, request: Any) -> bool:
+        """Run a step (answered by the session); False when this session streams."""
+
     def request_clip(self, seconds: float | None, answer: Callable[[Any], None]) -> bool:
         """Cut a clip (None: the whole session) and `answer` with a ClipAnswer; False
         when the session has no recordings to cut from."""
@@ -78,7 +85,7 @@ class WireV1Requests:
     def _on_data(self, raw: Any) -> None:
         handler = self._handler
         try:
-            request = wire_v1.decode_data(raw)
+            request = wire_v1.decode_data(raw, handler.step_bytes)
         except wire_v1.WireError as exc:
             self._refuse(wire_v1.DATA, exc.request_id, exc)
             return
@@ -94,7 +101,9 @@ class WireV1Requests:
                 return
             handler.submit(name, args, request_id, reply=request_id is not None)
         elif request.method == "request_step":
-            if request_id is not None and handler.admit(None):
+            if request_id is None or not handler.admit(None):
+                return  # nothing waits for a step without an id
+            if not handler.request_step(request_id, request.payload):
                 self._send(wire_v1.DATA, wire_v1.step_refused(request_id, STREAMED_STEP))
         elif request.method == "error":
             log.debug("session %s: the client reported an error: %s %s", handler.session_id,

@@ -509,8 +509,13 @@ def test_session_descriptor(knobs, filter_spec):
     assert doc["model"] == {"name": spec.name}
     assert doc["capabilities"] == capabilities(spec)
     assert doc["schema"] == model_schema(spec)
+    assert doc["generation"] == "streamed" and doc["step_results"] == {"enabled": False}
     assert set(doc) == {"session_id", "state", "cluster", "server_info",
-                        "selected_transport", "model", "capabilities", "schema"}
+                        "selected_transport", "model", "capabilities", "schema",
+                        "generation", "step_results"}
+    stepped = session_descriptor(spec, "abc123", "ready", server_version="0.1.0",
+                                 generation="stepped")
+    assert stepped["generation"] == "stepped" and stepped["step_results"] == {"enabled": True}
 
 
 def test_session_descriptor_refuses_non_string_ids(knobs):

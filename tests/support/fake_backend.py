@@ -106,13 +106,14 @@ class FakeBackend:
         return [s for s in self.sessions.values() if s.state != "ended"]
 
     async def create_session(
-        self, extra_args: dict[str, Any], client: ClientIdentity
+        self, extra_args: dict[str, Any], client: ClientIdentity, *, generation: str = "streamed"
     ) -> SessionInfo:
         self._call("create_session", extra_args, client)
         if len(self._live()) >= self.max_sessions:
             raise ModelBusy(f"model {self._spec.name} is busy with another session")
         self._n += 1
-        info = SessionInfo(f"sess-{self._n}", "created", time.time(), dict(extra_args))
+        info = SessionInfo(f"sess-{self._n}", "created", time.time(), dict(extra_args),
+                           generation=generation)
         self.sessions[info.session_id] = info
         self.clients[info.session_id] = client
         return info

@@ -48,10 +48,13 @@ __all__ = [
     "CONTROL",
     "DATA",
     "RATE_LIMITED",
+    "STEP_FAILURES",
+    "STEP_MAX_MESSAGE_BYTES",
     "ControlRequest",
     "DataRequest",
     "WireError",
     "clip_failed",
+    "clip_ready",
     "command_accepted",
     "command_arguments",
     "control_error",
@@ -65,7 +68,10 @@ __all__ = [
     "publish_track_reply",
     "scan_request_id",
     "session_ended",
+    "step_arguments",
+    "step_failed",
     "step_refused",
+    "step_result",
 ]
 
 CONTROL = "control"
@@ -117,18 +123,26 @@ def decode_control(raw: Any) -> ControlRequest:
     return ControlRequest(*_route(message, "ControlClientMessage"))
 
 
-def decode_data(raw: Any) -> DataRequest:
-    message = _parse(raw, data_pb2.DataClientMessage(), "DataClientMessage")
-    return DataRequest(*_route(message, "DataClientMessage"))
+def decode_data(raw: Any, step_bytes: int = 0) -> DataRequest:
+    """`step_bytes`: how big a `request_step` (whose frames make it big) may be, past
+    the MAX_MESSAGE_BYTES every other message keeps to."""
+    limit = max(MAX_MESSAGE_BYTES, step_bytes)
+    message = _parse(raw, data_pb2.DataClientMessage(), "DataClientMessage", limit)
+    request = DataRequest(*_route(message, "DataClientMessage"))
+    size = len(raw)
+    if size > MAX_MESSAGE_BYTES and request.method != "request_step":
+        raise WireError(f"DataClientMessage of {size} bytes exceeds {MAX_MESSAGE_BYTES} bytes",
+                        request.request_id or None)
+    return request
 
 
-def _parse(raw: Any, message: Message, what: str) -> Message:
+def _parse(raw: Any, message: Message, what: str, limit: int = MAX_MESSAGE_BYTES) -> Message:
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise WireError(f"expected a binary {what}, got {type(raw).__name__}")
     data = bytes(raw)
-    if len(data) > MAX_MESSAGE_BYTES:
+    if len(data) > limit:
         raise WireError(
-            f"{what} of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES} bytes",
+            f"{what} of {len(data)} bytes exceeds {limit} bytes",
             scan_request_id(data[:MAX_MESSAGE_BYTES]),
         )
     try:
@@ -324,14 +338,56 @@ def clip_failed(request_id: str, reason: str) -> bytes:
     ).SerializeToString()
 
 
-def step_refused(request_id: str, message: str) -> bytes:
-    """A `step_result` refusing a step that did not run."""
+# A step's failure (runtime/stepping.py StepFailure) as the wire's code.
+STEP_FAILURES = {
+    "refused": step_pb2.STEP_FAILURE_CODE_REFUSED,
+    "not_ready": step_pb2.STEP_FAILURE_CODE_NOT_READY,
+    "failed": step_pb2.STEP_FAILURE_CODE_FAILED,
+    "result_too_large": step_pb2.STEP_FAILURE_CODE_RESULT_TOO_LARGE,
+    "command_failed": step_pb2.STEP_FAILURE_CODE_COMMAND_FAILED,
+    "session_ended": step_pb2.STEP_FAILURE_CODE_SESSION_ENDED,
+}
+
+
+# The most a step request may weigh on a chunked connection: its input frames.
+STEP_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+
+
+def step_arguments(request: step_pb2.RequestStep) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+    """(state, [(command, arguments)]) of a step, decoded as commands are: raises
+    `BadCommand` naming the field for what JSON cannot carry, `ProtocolError` for a
+    command with no name."""
+    state = _struct_value(request.state) if request.HasField("state") else {}
+    check_arguments("step", state, "the step's state")
+    return state, [command_arguments(command) for command in request.commands]
+
+
+def step_failed(
+    request_id: str, failure: str, message: str, entry: str | None = None, step: int = 0
+) -> bytes:
+    """A `step_result` saying why the step did not produce."""
+    result = step_pb2.StepResult(
+        step=step, error=_text(message), failure_code=STEP_FAILURES[failure],
+    )
+    if entry:
+        result.entry = _text(entry)
+    return data_pb2.DataServerMessage(
+        request_id=request_id, kind=_RESPONSE, step_result=result,
+    ).SerializeToString()
+
+
+def step_result(
+    request_id: str, step: int, tracks: list[step_pb2.TrackFrames], elapsed_s: float
+) -> bytes:
     return data_pb2.DataServerMessage(
         request_id=request_id, kind=_RESPONSE,
-        step_result=step_pb2.StepResult(
-            error=_text(message), failure_code=step_pb2.STEP_FAILURE_CODE_REFUSED,
-        ),
+        step_result=step_pb2.StepResult(step=step, tracks=tracks, elapsed_seconds=elapsed_s),
     ).SerializeToString()
+
+
+def step_refused(request_id: str, message: str) -> bytes:
+    """A `step_result` refusing a step that did not run."""
+    return step_failed(request_id, "refused", message)
 
 
 def session_ended(reason: str) -> bytes:

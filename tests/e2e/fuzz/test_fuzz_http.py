@@ -193,7 +193,7 @@ def fuzz_corpus(sid: str, cid: int) -> list[FuzzCase]:
     conn = f"{base}/connections/{cid}"
     # route -> (method, path, the body fields it reads)
     body_routes = [
-        ("POST", "/start_session", ("extra_args",)),
+        ("POST", "/start_session", ("extra_args", "generation")),
         ("POST", "/stop_session", ("session_id",)),
         ("POST", f"{base}/sdp_params", ("sdp_offer", "track_mapping", "client_info")),
         ("PUT", f"{base}/sdp_params", ("sdp_offer", "track_mapping", "client_info")),

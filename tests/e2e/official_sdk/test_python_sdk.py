@@ -16,7 +16,14 @@ import httpx
 import numpy as np
 import pytest
 from images import png_of
-from reactor_sdk import BadRequestError, FileRef, Reactor, ReactorStatus
+from reactor_sdk import (
+    BadRequestError,
+    FileRef,
+    Reactor,
+    ReactorStatus,
+    StepCommand,
+    StepRefusedError,
+)
 
 GRADIENT = "examples/gradient"
 WEBCAM = "examples/webcam_style"
@@ -282,3 +289,47 @@ async def test_sdk_downloads_a_clip_through_serve(serve_examples, tmp_path):
             await clip_and_recording(reactor, tmp_path)
         finally:
             pushing.cancel()
+
+
+async def stepped_session(url, model):
+    """A stepped session: nothing streams, each step answers with the frames made with
+    its own state, a bad value is refused naming the field, and it goes on after."""
+    reactor = Reactor(model_name=model, local=True, api_url=url, generation="stepped")
+    await reactor.connect()
+    try:
+        streamed = []
+        reactor.track("main_video").on_frame(streamed.append)
+        first = await reactor.step()
+        frames = first.track("main_video").frames
+        assert first.step == 1 and first.error is None and len(frames) == 4
+        assert frames[0].array.shape == (480, 640, 3)
+        dim = await reactor.step(state={"brightness": 0.2})
+        assert dim.step == 2 and len(dim.track("main_video").frames) == 4
+        assert dim.track("main_video").frames[0].array.mean() < frames[0].array.mean() * 0.5
+        with pytest.raises(StepRefusedError) as caught:
+            await reactor.step(state={"brightness": 9})
+        assert "brightness" in str(caught.value) and "le=2" in str(caught.value)
+        with pytest.raises(StepRefusedError, match="no_such_command"):
+            await reactor.step(commands=[StepCommand("no_such_command", {})])
+        again = await reactor.step(commands=[StepCommand("set_brightness", {"brightness": 1.0})])
+        assert again.step == 3
+        assert abs(again.track("main_video").frames[0].array.mean() - frames[0].array.mean()) < 20
+        await asyncio.sleep(0.5)
+        assert streamed == []  # a stepped session streams nothing
+    finally:
+        await reactor.disconnect()
+
+
+async def test_sdk_runs_a_stepped_session_on_reactor_run(reactor_run):
+    run = reactor_run(GRADIENT)
+    await stepped_session(run.url, "gradient")
+    # The descriptor says so, and a streamed client of a stepped session is told.
+    started = httpx.post(f"{run.url}/start_session", json={"generation": "stepped"}).json()
+    assert started["generation"] == "stepped"
+    httpx.post(f"{run.url}/stop_session", json={"session_id": started["session_id"]})
+    refused = httpx.post(f"{run.url}/start_session", json={"generation": "sometimes"})
+    assert refused.status_code == 400 and "generation" in refused.json()["detail"]
+
+
+async def test_sdk_runs_a_stepped_session_through_serve(serve_examples):
+    await stepped_session(f"{serve_examples}/models/gradient", "gradient")
