@@ -69,6 +69,7 @@ from reactor_serve.sessions.contract import (
     ClipBackend,
     SessionBackend,
     SessionInfo,
+    StepBackend,
     UploadBackend,
     ViewerBackend,
 )
@@ -394,6 +395,7 @@ def session_routes(
     _add_viewer_routes(router, backend_for)
     _add_upload_routes(router, backend_for)
     _add_clip_routes(router, backend_for)
+    _add_step_routes(router, backend_for)
     return router
 
 
@@ -617,3 +619,52 @@ def _add_clip_routes(
     router.add_api_route("/clips", clip_playlist, methods=["GET"], name="clip_playlist")
     router.add_api_route("/clips/chunks/{sid}/{segment}", clip_chunk, methods=["GET"],
                          name="clip_chunk")
+
+
+# --------------------------------------------------------------------------- steps
+
+_STEP = re.compile(r"[1-9][0-9]{0,9}")
+_STEP_FILE = re.compile(r"[A-Za-z0-9_.-]{1,128}\.(?:mp4|json)")
+
+
+def _step_backend(b: SessionBackend) -> StepBackend:
+    if not callable(getattr(b, "kept_steps", None)):
+        raise _Refused(404, "this server keeps no steps")
+    return b  # type: ignore[return-value]
+
+
+def _step_number(value: str) -> int:
+    if not _STEP.fullmatch(value):
+        raise _Refused(404, f"no step {_safe_detail(value)[:24]!r}: steps are numbered from 1")
+    return int(value)
+
+
+def _add_step_routes(
+    router: APIRouter, backend_for: Callable[[Request], SessionBackend]
+) -> None:
+    """A stepped session's kept steps (sessions/step_store.py), to its owner: the list,
+    each step's result.json, and its files."""
+
+    @_answering
+    async def list_steps(request: Request, sid: str) -> JSONResponse:
+        sid = _session_id(sid)
+        return _json({"steps": await _step_backend(backend_for(request)).kept_steps(sid)})
+
+    @_answering
+    async def get_step(request: Request, sid: str, step: str) -> JSONResponse:
+        sid = _session_id(sid)
+        return _json(await _step_backend(backend_for(request)).kept_step(sid, _step_number(step)))
+
+    @_answering
+    async def get_step_file(request: Request, sid: str, step: str, file: str) -> Response:
+        sid = _session_id(sid)
+        number = _step_number(step)
+        if not _STEP_FILE.fullmatch(file):
+            raise _Refused(404, f"step {number} has no such file")
+        data, content_type = await _step_backend(backend_for(request)).kept_step_file(sid, number, file)
+        return Response(data, media_type=content_type)
+
+    router.add_api_route("/sessions/{sid}/steps", list_steps, methods=["GET"], name="list_steps")
+    router.add_api_route("/sessions/{sid}/steps/{step}", get_step, methods=["GET"], name="get_step")
+    router.add_api_route("/sessions/{sid}/steps/{step}/{file}", get_step_file, methods=["GET"],
+                         name="get_step_file")

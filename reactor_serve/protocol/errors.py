@@ -16,6 +16,7 @@ __all__ = [
     "NegotiationFailed",
     "OfferRejected",
     "UnknownClip",
+    "UnknownStep",
     "UnknownSession",
     "UnknownUpload",
     "UploadConflict",
@@ -137,3 +138,9 @@ class ClipGone(BackendError):
     """The clip's session has ended: its clips went with it."""
 
     status = 410
+
+
+class UnknownStep(BackendError):
+    """No kept step (or step file) of that number or name in the session."""
+
+    status = 404

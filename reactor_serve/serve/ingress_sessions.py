@@ -14,10 +14,12 @@ reads a session's record and sends each request where the session is.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from reactor_serve.protocol.errors import (
@@ -30,6 +32,7 @@ from reactor_serve.protocol.errors import (
     OfferRejected,
     UnknownClip,
     UnknownSession,
+    UnknownStep,
     UnknownUpload,
     UploadRejected,
     ViewersUnavailable,
@@ -92,6 +95,9 @@ class IngressSessions:
         `replicas` replace what reads Serve's status and reaches the model replicas."""
         self._spec = spec
         self._directory = directory
+        # Per waiting session: the lock its record's rewrites take here, and how many
+        # requests hold or wait for it (see `_writing`).
+        self._record_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         # The app's STUN/TURN servers (IceServer as JSON): a TURN server with a secret
         # gets credentials minted per session; its secret must be readable here.
         self._ice_servers = [IceServer.model_validate(server) for server in ice_servers]
@@ -145,6 +151,16 @@ class IngressSessions:
         track_mapping: list[dict[str, Any]],
         connection_id: int | None = None,
     ) -> int:
+        async with self._writing(session_id):
+            return await self._submit_offer(session_id, sdp_offer, track_mapping, connection_id)
+
+    async def _submit_offer(
+        self,
+        session_id: str,
+        sdp_offer: str,
+        track_mapping: list[dict[str, Any]],
+        connection_id: int | None,
+    ) -> int:
         record = await self._record(session_id, live=True)
         if record["state"] == "placed":
             return int(await self._on_replica(session_id, record, "offer", {
@@ -177,6 +193,10 @@ class IngressSessions:
         return cid
 
     async def register_connection(self, session_id: str) -> int:
+        async with self._writing(session_id):
+            return await self._register_connection(session_id)
+
+    async def _register_connection(self, session_id: str) -> int:
         record = await self._record(session_id, live=True)
         if record["state"] == "placed":
             return int(await self._on_replica(session_id, record, "register", {}))
@@ -207,6 +227,12 @@ class IngressSessions:
         return AnswerPending(await self.admission.status(session_id, record))
 
     async def add_ice_candidates(
+        self, session_id: str, connection_id: int | None, candidates: list[Any], is_final: bool
+    ) -> None:
+        async with self._writing(session_id):
+            await self._add_ice_candidates(session_id, connection_id, candidates, is_final)
+
+    async def _add_ice_candidates(
         self, session_id: str, connection_id: int | None, candidates: list[Any], is_final: bool
     ) -> None:
         record = await self._record(session_id, live=True)
@@ -396,6 +422,27 @@ class IngressSessions:
             raise UnknownClip("this session has no clips yet")
         return await self._on_replica(session_id, record, op, args)
 
+    # ---- kept steps (StepBackend) -------------------------------------------------------
+    #
+    # Kept by the replica that ran the session, while it runs there.
+
+    async def kept_steps(self, session_id: str) -> list[int]:
+        return list(await self._on_step_replica(session_id, "kept_steps", {}))
+
+    async def kept_step(self, session_id: str, step: int) -> dict[str, Any]:
+        return dict(await self._on_step_replica(session_id, "kept_step", {"step": step}))
+
+    async def kept_step_file(self, session_id: str, step: int, name: str) -> tuple[bytes, str]:
+        data, content_type = await self._on_step_replica(
+            session_id, "kept_step_file", {"step": step, "name": name})
+        return data, content_type
+
+    async def _on_step_replica(self, session_id: str, op: str, args: dict[str, Any]) -> Any:
+        record = await self._record(session_id, live=True)
+        if record["state"] != "placed":
+            raise UnknownStep("this session has run no step yet")
+        return await self._on_replica(session_id, record, op, args)
+
     async def _linked_session(
         self, read: Callable[[str], Awaitable[dict[str, Any] | None]], key: str,
         unknown: BackendError,
@@ -431,6 +478,24 @@ class IngressSessions:
                 await self._directory.end(session_id, reason, message)
 
     # ---- records ------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _writing(self, session_id: str) -> AsyncIterator[None]:
+        """One request at a time rewrites a waiting session's record here: an offer and
+        the candidates the official SDK trickles beside it each read, change and write
+        the whole record, and interleaved, the later write lost the other's (a session
+        placed with no offer)."""
+        lock, users = self._record_locks.get(session_id, (asyncio.Lock(), 0))
+        self._record_locks[session_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._record_locks[session_id]
+            if users > 1:
+                self._record_locks[session_id] = (lock, users - 1)
+            else:
+                del self._record_locks[session_id]
 
     async def _record(self, session_id: str, *, live: bool = False) -> SessionRecord:
         try:

@@ -296,6 +296,12 @@ class ModelReplica:
                 value = await sessions.clip_playlist(session_id, args["start"], args["end"])
             elif op == "clip_chunk":
                 value = await sessions.clip_chunk(session_id, args["name"])
+            elif op == "kept_steps":
+                value = await sessions.kept_steps(session_id)
+            elif op == "kept_step":
+                value = await sessions.kept_step(session_id, args["step"])
+            elif op == "kept_step_file":
+                value = await sessions.kept_step_file(session_id, args["step"], args["name"])
             elif op == "shutdown":
                 await sessions.end_session(session_id, EndReason.SHUTDOWN,
                                            "the server is shutting down")

@@ -23,6 +23,7 @@ __all__ = [
     "SessionBackend",
     "SessionInfo",
     "SessionState",
+    "StepBackend",
     "UploadBackend",
     "ViewerBackend",
     "mask_session_id",
@@ -212,6 +213,20 @@ class ClipBackend(Protocol):
 
     async def clip_chunk(self, session_id: str, name: str) -> bytes:
         """A segment a playlist named. Raises UnknownSession, UnknownClip, ClipGone."""
+
+
+class StepBackend(Protocol):
+    """What the step routes need of a backend: a stepped session's kept steps
+    (sessions/step_store.py), by the session id that proves it is the owner."""
+
+    async def kept_steps(self, session_id: str) -> list[int]:
+        """The numbers of the session's kept steps. Raises UnknownSession, UnknownStep."""
+
+    async def kept_step(self, session_id: str, step: int) -> dict[str, Any]:
+        """Step `step`'s `result.json`. Raises UnknownSession, UnknownStep."""
+
+    async def kept_step_file(self, session_id: str, step: int, name: str) -> tuple[bytes, str]:
+        """One file of step `step` and its content type. Raises UnknownSession, UnknownStep."""
 
 
 class ViewerBackend(Protocol):

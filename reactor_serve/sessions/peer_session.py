@@ -49,6 +49,7 @@ from reactor_serve.sessions.orphan_timer import OrphanTimer
 from reactor_serve.sessions.outbox import Outbox
 from reactor_serve.sessions.recording.recorder import SessionRecordings
 from reactor_serve.sessions.session_steps import SessionSteps
+from reactor_serve.sessions.step_store import StepStore
 from reactor_serve.sessions.uploads.store import SessionUploads
 from reactor_serve.sessions.viewers.room import ViewerRoom
 
@@ -141,6 +142,8 @@ class PeerSession:
         # (sessions/session_steps.py); "streamed" by default.
         self.generation = "streamed"
         self.steps: SessionSteps | None = None
+        # Where its steps are kept (its backend's, sessions/step_store.py), if anywhere.
+        self.step_store: StepStore | None = None
         # The files the client uploaded to this session (its backend's store), which
         # its commands name by id; None: the session takes none.
         self.uploads: SessionUploads | None = None
@@ -338,6 +341,7 @@ class PeerSession:
                 inputs=self.host.spec.inputs, output_buffer=self.host.output_buffer,
                 fps=self.host.spec.fps, send_frame=self._send_frame, limit=self._message_limit,
                 resolve=lambda name, args: self.inbound.resolve_files(name, args),
+                kept=self.step_store.keep if self.step_store is not None else None,
             )
         else:
             self._fanout.start()
@@ -769,6 +773,8 @@ class PeerSession:
         if self.recordings is not None:
             # Bounded: the files are complete once the session has ended.
             await self.recordings.close(reason)
+        if self.step_store is not None:
+            self.step_store.close()
         if self._fanout is not None:
             await self._fanout.stop()
         self._set_state(SessionState.ENDED)

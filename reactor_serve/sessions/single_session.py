@@ -26,6 +26,7 @@ from reactor_serve.protocol.errors import (
     NegotiationFailed,
     UnknownClip,
     UnknownSession,
+    UnknownStep,
     UnknownUpload,
     UploadRejected,
     session_ended,
@@ -46,6 +47,7 @@ from reactor_serve.sessions.contract import (
 from reactor_serve.sessions.negotiations import Negotiations
 from reactor_serve.sessions.recording.served_clips import ServedClips
 from reactor_serve.sessions.session_steps import check_steppable
+from reactor_serve.sessions.step_store import StepSettings, StepStore
 from reactor_serve.sessions.uploads.settings import UploadSettings
 from reactor_serve.sessions.uploads.store import SessionUploads
 from reactor_serve.sessions.viewers.links import ViewerLinks
@@ -89,6 +91,8 @@ class _Slot:
         self.negotiations = negotiations
         self.uploads = uploads
         self.closing: asyncio.Task[None] | None = None
+        # A stepped session's kept steps; they outlive it as long as its record does.
+        self.steps: StepStore | None = None
 
     def ended_error(self) -> UnknownSession:
         return session_ended(self.info.session_id, self.info.end_reason, self.info.end_message)
@@ -147,6 +151,10 @@ class SingleSessionBackend:
         self.recording_override: dict[str, Any] | None = None
         # The model config's `uploads` bounds; a bad section fails here, at start.
         self.upload_settings = UploadSettings.from_config(
+            getattr(host, "config", None), source=f"model {host.spec.name}"
+        )
+        # Where stepped sessions keep their steps (sessions/step_store.py), checked now.
+        self.step_settings = StepSettings.from_config(
             getattr(host, "config", None), source=f"model {host.spec.name}"
         )
         self._current: _Slot | None = None
@@ -220,6 +228,8 @@ class SingleSessionBackend:
         # Start options (`record`, sessions/recording/recorder.py) travel with the peer.
         peer.extra_args = dict(extra_args)
         peer.generation = generation
+        steps = StepStore(self.step_settings, self.spec.name, sid) if generation == "stepped" else None
+        peer.step_store = steps
         peer.recording_override = self.recording_override
         uploads = SessionUploads(self.upload_settings)
         # The peer's commands name uploads by id (sessions/uploads/arguments.py).
@@ -228,6 +238,7 @@ class SingleSessionBackend:
             info, client or ClientIdentity(""), peer, Negotiations(sid, self._offer_timeout_s),
             uploads,
         )
+        slot.steps = steps
         self._arm_expiry(slot)
         return _snapshot(slot)
 
@@ -373,6 +384,23 @@ class SingleSessionBackend:
     async def clip_chunk(self, session_id: str, name: str) -> bytes:
         clips = self._served_clips(session_id)
         return await asyncio.to_thread(clips.chunk, name)
+
+    # ---- StepBackend -------------------------------------------------------------------
+
+    async def kept_steps(self, session_id: str) -> list[int]:
+        return self._step_store(session_id).steps()
+
+    async def kept_step(self, session_id: str, step: int) -> dict[str, Any]:
+        return self._step_store(session_id).result(step)
+
+    async def kept_step_file(self, session_id: str, step: int, name: str) -> tuple[bytes, str]:
+        return await asyncio.to_thread(self._step_store(session_id).file, step, name)
+
+    def _step_store(self, session_id: str) -> StepStore:
+        store = self._slot(session_id).steps
+        if store is None:
+            raise UnknownStep("this session is not stepped: it keeps no steps")
+        return store
 
     def _served_clips(self, session_id: str) -> ServedClips:
         slot = self._slot(session_id)

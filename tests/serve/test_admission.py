@@ -492,3 +492,47 @@ def test_an_admission_error_of_an_unknown_kind_follows_its_status():
     assert isinstance(busy, ModelUnavailable) and busy.retry_after_s == 2.0
     assert isinstance(admission_error({"kind": "Mystery", "status": 409, "message": "m"}),
                       OfferRejected)
+
+
+class ReadModifyWriteDirectory(MemoryDirectory):
+    """`update` as the GCS-backed directory does it: read the record, then write it
+    whole, with the loop free in between (each GCS call is a thread hop)."""
+
+    async def get(self, session_id: str) -> dict[str, Any] | None:
+        await asyncio.sleep(0.005)
+        return await super().get(session_id)
+
+    async def update(self, session_id: str, **fields: Any) -> dict[str, Any] | None:
+        record = await self.get(session_id)
+        if record is None:
+            return None
+        record.update(fields)
+        await asyncio.sleep(0.005)
+        await self.put(session_id, record)
+        return record
+
+
+async def test_candidates_trickled_beside_the_offer_never_undo_it(holders):
+    directory = ReadModifyWriteDirectory()
+    model = FullModel()
+    ingress = IngressSessions(SimpleNamespace(name=MODEL), model, directory, [],
+                              actor_name="ingress-a",
+                              replicas=ReplicaCalls(directory, get_actor=holders.get_actor))
+    try:
+        session_id = await new_session(directory)
+        cid = await ingress.register_connection(session_id)
+        # The official SDK posts its first candidates while its offer is on its way.
+        await asyncio.gather(
+            ingress.submit_offer(session_id, "v=0 the offer", [], cid),
+            ingress.add_ice_candidates(session_id, cid, [{"candidate": "c1"}], False),
+            ingress.add_ice_candidates(session_id, cid, [{"candidate": "c2"}], True),
+        )
+        record = directory.records[session_id]
+        assert record["offer"]["sdp_offer"] == "v=0 the offer"
+        assert [b["candidates"][0]["candidate"] for b in record["early_candidates"]] == ["c1", "c2"]
+        assert ingress._record_locks == {}
+    finally:
+        tasks = [*ingress.admission._waits.values(), *ingress.admission._background]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -208,7 +208,8 @@ def fuzz_corpus(sid: str, cid: int) -> list[FuzzCase]:
         "/session", "/health", f"{base}/ice_servers", f"{base}/sdp_params",
         f"{conn}/sdp_params", "/", "/docs", "/openapi.json", "/_web/player.js",
         "/doctor", "/_web/doctor.js", f"/clips?session_id={sid}&start=0&end=1",
-        f"/clips/chunks/{sid}/c1-init.mp4",
+        f"/clips/chunks/{sid}/c1-init.mp4", f"/sessions/{sid}/steps", f"/sessions/{sid}/steps/1",
+        f"/sessions/{sid}/steps/1/main_video.mp4",
     ]
     cases: list[FuzzCase] = []
 
@@ -267,6 +268,12 @@ def fuzz_corpus(sid: str, cid: int) -> list[FuzzCase]:
                               f"GET clips sid {odd[:20]!r}"))
         cases.append(FuzzCase("GET", f"/clips/chunks/{odd}/c1-init.mp4", None, (),
                               f"GET clip segment sid {odd[:20]!r}"))
+    # Step numbers and file names that are no step's.
+    for step in ("0", "-1", "01", "1e3", "9" * 40, "x", "%00"):
+        cases.append(FuzzCase("GET", f"/sessions/{sid}/steps/{step}", None, (), f"GET step {step[:20]!r}"))
+    for name in ("result.json", "x.mp4", "..%2Fresult.json", "a" * 300 + ".mp4", "main_video.mp4%00"):
+        cases.append(FuzzCase("GET", f"/sessions/{sid}/steps/1/{name}", None, (),
+                              f"GET step file {name[:20]!r}"))
     # Clip markers and segment names that are no clip's.
     for marker in ("", "nan", "inf", "-1", "1e309", "9" * 400, "0x10", "1.5.5", "%00", "１"):
         cases.append(FuzzCase("GET", f"/clips?session_id={sid}&start={marker}&end=1", None, (),
@@ -432,7 +439,8 @@ def test_the_corpus_covers_every_route():
                   "/sessions/s/transport/webrtc/connections",
                   "/sessions/s/transport/webrtc/connections/1/sdp_params",
                   "/sessions/s/transport/webrtc/connections/1/ice_candidates",
-                  "/clips", "/clips/chunks/s/c1-init.mp4"):
+                  "/clips", "/clips/chunks/s/c1-init.mp4", "/sessions/s/steps",
+                  "/sessions/s/steps/1", "/sessions/s/steps/1/main_video.mp4"):
         assert route in paths, route
 
 

@@ -7,6 +7,7 @@ each request: these tests are what it does, on `reactor run` and through Serve.
 import asyncio
 import contextlib
 import shutil
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -316,6 +317,16 @@ async def stepped_session(url, model):
         assert abs(again.track("main_video").frames[0].array.mean() - frames[0].array.mean()) < 20
         await asyncio.sleep(0.5)
         assert streamed == []  # a stepped session streams nothing
+        # Each step that ran is kept: its video and usage, read back over HTTP.
+        async with httpx.AsyncClient(base_url=url) as http:
+            listed = (await http.get(f"/sessions/{reactor.session_id}/steps")).json()
+            assert listed == {"steps": [1, 2, 3]}
+            kept = (await http.get(f"/sessions/{reactor.session_id}/steps/2")).json()
+            assert kept["usage"]["frames"] == 4 and kept["usage"]["width"] == 640
+            video = await http.get(f"/sessions/{reactor.session_id}/steps/2/{kept['files'][0]['name']}")
+            assert video.status_code == 200 and video.headers["content-type"] == "video/mp4"
+            pictures = decoded(video.content, Path(tempfile.mkdtemp()), "step.mp4")
+            assert len(pictures) == 4 and pictures[0].mean() < 60  # the dimmed step
     finally:
         await reactor.disconnect()
 
