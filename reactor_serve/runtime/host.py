@@ -555,6 +555,16 @@ class ModelHost:
         session = self._session
         return session.step_gate if session is not None else None
 
+    async def _stepped_idle(self) -> bool:
+        gate = self._step_gate()
+        if gate is None:
+            return False
+        # Waiting for input a step did not bring would hold the step for ever: the
+        # unit made nothing, and the step says so.
+        gate.produced(self._unit_seconds(None))
+        await gate.wait()
+        return True
+
     def _unit_seconds(self, compute_time: float | None) -> float:
         """How long the unit just produced took: the model's own measure when the
         driver has one, else since its step started it."""
@@ -698,6 +708,9 @@ class _HostForDriver(DriverHost):
 
     async def emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
         await self._host._emit(output, drop, compute_time)
+
+    async def stepped_idle(self) -> bool:
+        return await self._host._stepped_idle()
 
     async def run_handler(
         self, session: Session, command: CommandSpec, args: dict[str, Any],

@@ -50,6 +50,9 @@ async def test_a_pipeline_makes_one_yield_per_step_with_the_steps_state(hosted, 
     session = await host.open_session(Sink(), stepped=True)
     await asyncio.sleep(0.3)
     assert levels(host) == []  # nothing streams
+    # With no prompt it yields Idle: that is the step's unit, and it made nothing.
+    idle = await host.step(session, {}, [])
+    assert idle.failure is None and levels(host) == []
     first = await host.step(session, {"prompt": "ab"}, [])
     assert first.failure is None and first.elapsed_s >= 0
     assert levels(host) == [40, 40, 40]  # one yield: the batch of three

@@ -79,6 +79,11 @@ class DriverHost(Protocol):
     async def emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
         """Validate, split and enqueue one emit (backpressure unless `drop`)."""
 
+    async def stepped_idle(self) -> bool:
+        """The producer has nothing to show (a pipeline's `Idle`): in a stepped session
+        that is the step's unit, answered with no frames, and this returns (True) once
+        the next step asks for more; False in a streamed session."""
+
     async def run_handler(
         self, session: Session, command: CommandSpec, args: dict[str, Any],
         ticket: CommandTicket | None = None,

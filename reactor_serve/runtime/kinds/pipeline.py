@@ -146,7 +146,8 @@ class PipelineDriver:
                 compute_time = time.perf_counter() - started
                 produced = True
                 if item is None or isinstance(item, _IdleType):
-                    await self._idle_wait()
+                    if not await host.stepped_idle():
+                        await self._idle_wait()
                     continue
                 await host.emit(item, drop=False, compute_time=compute_time)
         except asyncio.CancelledError:
