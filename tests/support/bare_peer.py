@@ -63,11 +63,13 @@ class BarePeer:
 
 
 async def open_bare_peer(
-    peer: Any, first_frame: bytes | str = V1_PING, chunking: int | None = None
+    peer: Any, first_frame: bytes | str = V1_PING, chunking: int | None = None,
+    *, video_frames: int = 3,
 ) -> BarePeer:
     """Connect to `peer` (a PeerSession), send `first_frame` on "control" (a v1 ping
-    unless told otherwise), and return once the session took that wire and video
-    arrives. `chunking`: declare data-channel chunking with that max-message-size."""
+    unless told otherwise), and return once the session took that wire and
+    `video_frames` frames arrived (0 for a stepped session, which streams nothing).
+    `chunking`: declare data-channel chunking with that max-message-size."""
     pc = RTCPeerConnection()
     video = pc.addTransceiver("video", direction="recvonly")
     client = BarePeer(pc, pc.createDataChannel("data"), pc.createDataChannel("control"))
@@ -111,5 +113,5 @@ async def open_bare_peer(
     client.send("control", first_frame)
     wire = Wire.V1 if isinstance(first_frame, bytes) else Wire.V0
     await wait_for(lambda: peer.wire is wire, 10, f"the session to take wire {wire.name}")
-    await wait_for(lambda: client.frames >= 3, 15, "video")
+    await wait_for(lambda: client.frames >= video_frames, 15, "video")
     return client

@@ -176,3 +176,90 @@ async def test_a_v1_command_flood_answers_every_command_and_the_session_goes_on(
 
 # Seconds for the command bucket to refill enough for the check command.
 COMMAND_REFILL_S = 1.0
+
+
+def step(request_id: str, **fields: Any) -> bytes:
+    message = data_pb2.DataClientMessage(request_id=request_id, kind=REQUEST)
+    message.request_step.SetInParent()
+    for name, value in fields.items():
+        getattr(message.request_step, name).CopyFrom(value)
+    return message.SerializeToString()
+
+
+def step_with(request_id: str, build: Any) -> bytes:
+    message = data_pb2.DataClientMessage(request_id=request_id, kind=REQUEST)
+    message.request_step.SetInParent()
+    build(message.request_step)
+    return message.SerializeToString()
+
+
+@pytest.fixture
+async def stepped(host_of, gradient_dir):
+    host = host_of(gradient_dir)
+    peer = PeerSession(host, WebRTCSettings(loopback_candidates=True))
+    peer.generation = "stepped"
+    client = await open_bare_peer(peer, chunking=64 * 1024 * 1024, video_frames=0)
+    yield host, peer, client
+    await client.close()
+    await peer.close()
+
+
+async def test_hostile_step_requests_are_each_answered_and_the_session_steps_on(stepped):
+    from reactor_serve.protocol.wire_v1 import step_pb2
+
+    host, peer, client = stepped
+    assert client.chunked
+    refused = {
+        "state type": lambda r: r.state.update({"brightness": "max"}),
+        "state field": lambda r: r.state.update({"contrast": 1}),
+        "state nan": lambda r: r.state.update({"brightness": math.nan}),
+        "command": lambda r: r.commands.add(type="no_such_command"),
+        "nameless": lambda r: r.commands.add(type=""),
+        "track": lambda r: r.media_input.add(track="nothing").frames.add(
+            encoding=step_pb2.FRAME_ENCODING_RAW, shape=[2, 2, 3], data=bytes(12)),
+    }
+    for request_id, build in refused.items():  # one at a time, as steps run
+        client.send("data", step_with(request_id, build))
+        await wait_for(lambda: request_id in answered(client), 30, f"the answer to {request_id}")
+    # Damaged step requests whose id is readable: BAD_REQUEST, like any frame.
+    whole = step("trunc", state=_struct({"brightness": 0.5}))
+    client.send("data", whole[:-3])
+    # Unreadable: dropped.
+    rng = random.Random(7)
+    for _ in range(50):
+        client.send("data", field_bytes(11, bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40)))))
+    await wait_for(lambda: set(refused) | {"trunc"} <= set(answered(client)), 30,
+                   "an answer to every step request")
+    ids = answered(client)
+    for request_id in refused:
+        [reply] = ids[request_id]
+        assert reply.step_result.failure_code == step_pb2.STEP_FAILURE_CODE_REFUSED, request_id
+        assert reply.step_result.error
+    assert "brightness" in ids["state type"][0].step_result.error
+    assert "nothing" in ids["track"][0].step_result.error
+    assert ids["trunc"][0].error.code == "BAD_REQUEST"
+    assert all(len(replies) == 1 for replies in ids.values())
+    # It steps on: one unit, made with the step's state.
+    client.send("data", step("real", state=_struct({"brightness": 0.5})))
+    await wait_for(lambda: "real" in answered(client), 30, "the real step's result")
+    [result] = answered(client)["real"]
+    assert result.step_result.failure_code == 0 and result.step_result.step == 1
+    [track] = result.step_result.tracks
+    assert track.track == "main_video" and len(track.frames) >= 1
+    assert host.model.state.brightness == 0.5
+    assert client.frames == 0  # a stepped session streams nothing
+    # A step asked for while one runs is not ready; the one running answers.
+    client.send("data", step("first"))
+    client.send("data", step("second"))
+    await wait_for(lambda: {"first", "second"} <= set(answered(client)), 30, "both answers")
+    assert answered(client)["first"][0].step_result.step == 2
+    assert answered(client)["second"][0].step_result.failure_code == step_pb2.STEP_FAILURE_CODE_NOT_READY
+    assert peer.inbound.counters.faults == 0 and not peer.ended.is_set()
+
+
+def _struct(values: dict[str, Any]) -> Any:
+    from google.protobuf import struct_pb2
+
+    struct = struct_pb2.Struct()
+    struct.update(values)
+    return struct
