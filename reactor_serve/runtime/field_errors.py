@@ -17,6 +17,7 @@ __all__ = [
     "MAX_VALUE_CHARS",
     "RULE_FINITE",
     "RULE_OUT_OF_RANGE",
+    "RULE_SESSION_ENDING",
     "RULE_UNICODE",
     "Unrepresentable",
     "clipped",
@@ -82,6 +83,8 @@ def _problem(error: Mapping[str, Any]) -> str:
 RULE_FINITE = "finite"
 RULE_OUT_OF_RANGE = "out_of_range"
 RULE_UNICODE = "unicode"
+# A command that came as its session was ending, and was not applied.
+RULE_SESSION_ENDING = "session_ending"
 
 # How deep an echoed value (and a command argument, see protocol/channel_codec.py) may
 # nest: deeper than any real control value, and shallow enough to walk without

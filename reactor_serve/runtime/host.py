@@ -33,7 +33,7 @@ from reactor_serve.interface.legacy import ModelConfig
 from reactor_serve.interface.messages import ModelMessage
 from reactor_serve.interface.state import InputRejected
 from reactor_serve.runtime.command_queue import CommandQueue
-from reactor_serve.runtime.field_errors import command_error
+from reactor_serve.runtime.field_errors import RULE_SESSION_ENDING, command_error
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.runtime.input_latency import CommandTicket, FrameAnswer
 from reactor_serve.runtime.kinds.kind_driver import DriverHost, KindDriver, call_model
@@ -369,6 +369,7 @@ class ModelHost:
         `ticket`: its id and arrival, for the frame that answers it. A setter replaces
         a waiting one of the same field; the replaced one's ticket is never answered."""
         if not self._thread.alive or session.stopping:
+            _not_applied(session, name, ticket)
             return
         setter = self._is_setter(name)
         args = None
@@ -440,6 +441,7 @@ class ModelHost:
         if session is not self._session or session.stopping:
             if counted:
                 self._command_done()
+            _not_applied(session, name, ticket)
             return
         command = self.spec.commands.get(name)
         if args is not None and command is not None:
@@ -804,6 +806,17 @@ def _step_ended(reason: str, detail: str | None) -> StepOutcome:
         return StepOutcome(StepFailure.FAILED, detail or "the model failed")
     return StepOutcome(StepFailure.SESSION_ENDED, f"the session ended ({reason}"
                        + (f": {detail})" if detail else ")"))
+
+
+def _not_applied(session: Session, name: str, ticket: CommandTicket | None) -> None:
+    """A command that came as its session was ending: a client waiting for its answer
+    (wire v1) is told, rather than left to time out."""
+    if ticket is not None and ticket.reply:
+        session.send_runtime("commandError", _with_id(ticket, {
+            "command": name,
+            "message": f"the session is ending: {name!r} was not applied",
+            "errors": [{"field": None, "rule": RULE_SESSION_ENDING, "value": None}],
+        }))
 
 
 def _accepted(session: Session, ticket: CommandTicket | None) -> None:

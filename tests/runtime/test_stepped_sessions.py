@@ -126,3 +126,17 @@ async def test_the_gate_runs_one_step_at_a_time_and_answers_it_when_closed():
     assert answers[-1].failure == StepFailure.SESSION_ENDED
     assert not gate.arm(answers.append)
     await asyncio.wait_for(gate.wait(), 1)  # closed: never waits again
+
+
+async def test_a_command_that_comes_as_its_session_ends_is_answered(hosted):
+    # Not a step matter, but the same host: a wire v1 client waits for every answer.
+    host = hosted("generator")
+    sink = Sink()
+    session = await host.open_session(sink)
+    session.mark_stopping()
+    session.command("set_prompt", {"prompt": "late"}, "c9", reply=True)
+    session.command("set_prompt", {"prompt": "unasked"}, "c10")  # v0: nothing waits
+    errors = [m["data"]["data"] for m in sink.messages if m["data"]["type"] == "commandError"]
+    assert [(e["id"], e["errors"][0]["rule"]) for e in errors] == [("c9", "session_ending")]
+    assert "ending" in errors[0]["message"]
+    await host.end_session(session, "client_closed")

@@ -38,6 +38,7 @@ from reactor_serve.protocol.wire_v1 import (
 )
 from reactor_serve.runtime.field_errors import (
     RULE_FINITE,
+    RULE_SESSION_ENDING,
     Unrepresentable,
     has_lone_surrogate,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "CONTROL",
     "DATA",
     "RATE_LIMITED",
+    "SESSION_TERMINAL",
     "STEP_FAILURES",
     "STEP_MAX_MESSAGE_BYTES",
     "ControlRequest",
@@ -81,6 +83,7 @@ DATA = "data"
 # RateLimitedError, ...); any other code reaches the caller as its base ReactorError.
 BAD_REQUEST = "BAD_REQUEST"
 RATE_LIMITED = "RATE_LIMITED"
+SESSION_TERMINAL = "SESSION_TERMINAL"
 
 _REQUEST = common_pb2.MESSAGE_KIND_REQUEST
 _RESPONSE = common_pb2.MESSAGE_KIND_RESPONSE
@@ -277,11 +280,14 @@ def _to_struct(data: Any, what: str) -> struct_pb2.Struct:
 
 def error_code(errors: Any) -> str:
     """The v1 code for a `commandError`'s `errors`: RATE_LIMITED when it was refused
-    for coming too fast, BAD_REQUEST otherwise."""
+    for coming too fast, SESSION_TERMINAL when its session was ending, BAD_REQUEST
+    otherwise."""
     if isinstance(errors, list):
         for error in errors:
             if isinstance(error, dict) and error.get("rule") in _RATE_RULES:
                 return RATE_LIMITED
+            if isinstance(error, dict) and error.get("rule") == RULE_SESSION_ENDING:
+                return SESSION_TERMINAL
     return BAD_REQUEST
 
 

@@ -159,6 +159,9 @@ def test_a_refused_command_answers_bad_request_and_a_flood_rate_limited():
     envelope["data"]["data"]["errors"] = [{"field": None, "rule": "rate_limited", "value": None}]
     reply = data_pb2.DataServerMessage.FromString(codec.from_envelope(envelope)[0][1])
     assert reply.error.code == "RATE_LIMITED"
+    envelope["data"]["data"]["errors"] = [{"field": None, "rule": "session_ending", "value": None}]
+    reply = data_pb2.DataServerMessage.FromString(codec.from_envelope(envelope)[0][1])
+    assert reply.error.code == "SESSION_TERMINAL"  # the SDK's SessionTerminalError
     # Without an id nobody waits: nothing to send.
     del envelope["data"]["data"]["id"]
     assert codec.from_envelope(envelope) == []
