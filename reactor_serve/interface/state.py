@@ -14,7 +14,7 @@ import enum
 import sys
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Sequence
+from typing import Annotated, Any, Callable, Literal, Sequence
 
 import pydantic
 from pydantic import AfterValidator, ConfigDict, ValidationError
@@ -29,6 +29,7 @@ __all__ = [
     "InputRejected",
     "InputState",
     "ParamValidator",
+    "annotation_contains",
     "state_fields",
 ]
 
@@ -229,7 +230,7 @@ def _pydantic_field(spec: FieldSpec) -> tuple[Any, Any]:
     # lax; pydantic has no strict mode for Literal, which is exact anyway.
     # An UploadedFile checks its own type (interface/files.py), and pydantic has no
     # strict mode for such a type.
-    if spec.annotation is not Any and not _contains(
+    if spec.annotation is not Any and not annotation_contains(
         spec.annotation, lambda a: _is_enum_or_literal(a) or a is UploadedFile
     ):
         kwargs["strict"] = True
@@ -258,10 +259,16 @@ def _is_enum_or_literal(annotation: Any) -> bool:
     )
 
 
-def _contains(annotation: Any, predicate: Any) -> bool:
+def annotation_contains(annotation: Any, predicate: Callable[[Any], bool]) -> bool:
+    """Whether `annotation`, or a type anywhere inside it (`Optional`, a list's items,
+    `Annotated`, a NewType's supertype), satisfies `predicate`."""
     if predicate(annotation):
         return True
-    return any(_contains(a, predicate) for a in typing.get_args(annotation))
+    supertype = getattr(annotation, "__supertype__", None)
+    if supertype is not None:
+        return annotation_contains(supertype, predicate)
+    return any(annotation_contains(a, predicate) for a in typing.get_args(annotation)
+               if a is not Ellipsis)
 
 
 def _type_name(annotation: Any) -> str:

@@ -24,7 +24,7 @@ from typing import Any, Literal, Sequence
 
 from reactor_serve.interface.files import UploadedFile
 from reactor_serve.interface.messages import ModelMessage, snake_case
-from reactor_serve.interface.state import FieldSpec
+from reactor_serve.interface.state import FieldSpec, annotation_contains
 from reactor_serve.runtime.loading.model_spec import CommandSpec, ModelSpec
 
 __all__ = [
@@ -138,10 +138,7 @@ def model_schema(
 def declares_files(annotation: Any) -> bool:
     """Whether a value of this annotation may hold an `UploadedFile` (also inside
     `Optional`, a list, a dict...)."""
-    annotation = unwrap_annotation(annotation)
-    if annotation is UploadedFile:
-        return True
-    return any(declares_files(a) for a in typing.get_args(annotation) if a is not Ellipsis)
+    return annotation_contains(annotation, lambda a: a is UploadedFile)
 
 
 def message_classes(model_cls: type) -> list[type]:
