@@ -150,6 +150,14 @@ class Negotiations:
             raise NegotiationFailed(str(error))
         return SdpAnswer(task.result(), cid)
 
+    async def wait_answer(self, connection_id: int | None, timeout_s: float) -> None:
+        """Until the answer on `connection_id` (the latest offer's when None) is made
+        or failed, at most `timeout_s`; at once when there is no answering under way."""
+        cid = self._latest if connection_id is None else connection_id
+        task = self._offered.get(cid) if cid is not None else None
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=timeout_s)
+
     def unknown_connection(self, connection_id: Any) -> UnknownSession:
         """The error for a connection id this session does not know."""
         return UnknownSession(

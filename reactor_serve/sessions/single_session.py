@@ -129,6 +129,8 @@ class SingleSessionBackend:
     STOP_UNNAMED_WINDOW_S = 5.0
     # Retry-After for a model that is not loaded.
     UNAVAILABLE_RETRY_S = 5.0
+    # How long a poll for an answer being made waits for it before saying "pending".
+    ANSWER_HOLD_S = 1.0
 
     def __init__(
         self,
@@ -283,7 +285,16 @@ class SingleSessionBackend:
                 raise negotiations.unknown_connection(connection_id)
             # An answer to a session that is over would only mislead the client.
             raise slot.ended_error()
-        return negotiations.poll(connection_id)
+        answer = negotiations.poll(connection_id)
+        if isinstance(answer, AnswerPending) and answer.status.get("status") == "pending":
+            # The answer is being made: hand it over the moment it is, rather than
+            # have the client come back after its poll interval (the official SDK
+            # waits 200 ms after its first poll, longer than answering takes).
+            await negotiations.wait_answer(connection_id, self.ANSWER_HOLD_S)
+            if slot.info.state == SessionState.ENDED:
+                raise slot.ended_error()
+            answer = negotiations.poll(connection_id)
+        return answer
 
     async def add_ice_candidates(
         self,
