@@ -48,7 +48,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 from _local import free_port, reactor_run_of, stop_process, wait_healthy
 from _stun import stun_responder
@@ -156,23 +155,14 @@ async def connect_timed(api_url: str) -> tuple[Any, float, float]:
     """A connected client, the seconds its connect() took and to its first frame. Timed
     from the attempt that got the model: both servers answer 409 while the session
     before is still closing, which is not what this measures."""
-    from reactor_sdk import ConflictError, Reactor
+    from reactor_sdk import Reactor
 
     loop = asyncio.get_running_loop()
     reactor = Reactor(model_name="gradient", local=True, api_url=api_url)
     first = asyncio.Event()
     # The SDK calls frame handlers on a thread of its own.
     reactor.track("main_video").on_frame(lambda frame: loop.call_soon_threadsafe(first.set))
-    deadline = time.monotonic() + 30
-    while True:
-        started = time.perf_counter()
-        try:
-            await reactor.connect()
-            break
-        except ConflictError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+    started = await connect_when_free(reactor)
     connected = time.perf_counter()
     await asyncio.wait_for(first.wait(), 30)
     return reactor, connected - started, time.perf_counter() - started
@@ -237,16 +227,18 @@ async def stepped(api_url: str, steps: int) -> dict[str, Any]:
     return {"step_ms_p50": ms(statistics.median(times))}
 
 
-async def connect_when_free(reactor: Any, timeout: float = 30.0) -> None:
+async def connect_when_free(reactor: Any, timeout: float = 30.0) -> float:
     """Connect once the previous session has let go of the model: both servers answer
-    409 while the one before is still closing."""
+    409 while the one before is still closing. Returns when (`time.perf_counter()`)
+    the attempt that got the model started."""
     from reactor_sdk import ConflictError
 
     deadline = time.monotonic() + timeout
     while True:
+        started = time.perf_counter()
         try:
             await reactor.connect()
-            return
+            return started
         except ConflictError:
             if time.monotonic() > deadline:
                 raise

@@ -416,6 +416,13 @@ class ModelHost:
                     self._drain_scheduled = False
                 self._command_done(sum(not self._is_setter(item[1]) for item in dropped))
 
+    def _unknown_command(self, name: str) -> InputRejected:
+        known = ", ".join(sorted(self.spec.commands)) or "none"
+        return InputRejected(
+            f"unknown command {name!r} (known: {known})",
+            [{"field": None, "rule": "unknown_command", "value": name}],
+        )
+
     def _is_setter(self, name: str) -> bool:
         command = self.spec.commands.get(name)
         return command is not None and command.kind == "setter"
@@ -449,11 +456,7 @@ class ModelHost:
             return
         try:
             if command is None:
-                known = ", ".join(sorted(self.spec.commands)) or "none"
-                raise InputRejected(
-                    f"unknown command {name!r} (known: {known})",
-                    [{"field": None, "rule": "unknown_command", "value": name}],
-                )
+                raise self._unknown_command(name)
             args = command.validate(data)
         except InputRejected as exc:
             if counted:
@@ -609,8 +612,7 @@ class ModelHost:
                 entry = name
                 command = self.spec.commands.get(name)
                 if command is None:
-                    known = ", ".join(sorted(self.spec.commands)) or "none"
-                    raise InputRejected(f"unknown command {name!r} (known: {known})", [])
+                    raise self._unknown_command(name)
                 plan.append((entry, command, command.validate({} if data is None else data)))
         except InputRejected as exc:
             return StepOutcome(StepFailure.REFUSED, f"{entry}: {exc.message}", entry)

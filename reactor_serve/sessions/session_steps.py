@@ -125,8 +125,10 @@ class SessionSteps:
                 raise _Refused(str(exc)) from None
             for track, frame in frames:
                 session.push_input(track, frame)
-            collected: list[FrameItem] = list(self._buffer.drain())  # none: nothing streams
-            collected.clear()
+            # Frames no step asked for are not this one's (there are none: nothing streams).
+            for _ in self._buffer.drain():
+                pass
+            collected: list[FrameItem] = []
             collecting = asyncio.get_running_loop().create_task(self._collect(collected))
             started = time.perf_counter()
             try:

@@ -1,6 +1,5 @@
 """A fragmented MP4 as HLS byte ranges: the init segment and whole fragments only."""
 
-from pathlib import Path
 
 import av
 import numpy as np
@@ -21,13 +20,18 @@ def encoded(frames, keyframe_every=10, base_pts=5 * SECOND):
     return encoder, packets
 
 
-def test_the_init_segment_and_fragments_put_together_are_a_file_that_plays(tmp_path):
-    encoder, packets = encoded(35)
-    path = tmp_path / "clip.mp4"
+def written(path, frames):
+    """An open Mp4Writer at `path` that has written `frames` encoded frames."""
+    encoder, packets = encoded(frames)
     mp4 = Mp4Writer(path, encoder, packets[0].pts)
     for packet in packets:
         mp4.write(packet)
-    mp4.close()
+    return mp4
+
+
+def test_the_init_segment_and_fragments_put_together_are_a_file_that_plays(tmp_path):
+    path = tmp_path / "clip.mp4"
+    written(path, 35).close()
     index = Mp4Fragments.read(path)
     # One fragment per keyframe interval, each starting at its keyframe's time.
     assert [f.start_s for f in index.fragments] == [0.0, 1.0, 2.0, 3.0]
@@ -40,11 +44,8 @@ def test_the_init_segment_and_fragments_put_together_are_a_file_that_plays(tmp_p
 
 
 def test_a_growing_file_lists_only_its_whole_fragments(tmp_path):
-    encoder, packets = encoded(25)
     path = tmp_path / "growing.mp4"
-    mp4 = Mp4Writer(path, encoder, packets[0].pts)
-    for packet in packets:
-        mp4.write(packet)
+    mp4 = written(path, 25)
     # The fragment begun at the keyframe at 2 s is still open: two are whole.
     index = Mp4Fragments.read(path)
     assert [f.start_s for f in index.fragments] == [0.0, 1.0]
