@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from aiortc import RTCRtpSender, RTCRtpTransceiver
 from aiortc.codecs import h264, vpx
+from aiortc.sdp import SessionDescription
 
 from reactor_serve.rtc.settings import WebRTCSettings
 
-__all__ = ["apply_bitrate_range", "prefer_codec"]
+__all__ = ["answered_codecs", "apply_bitrate_range", "prefer_codec"]
 
 _MIME = {"vp8": "video/VP8", "h264": "video/H264"}
 
@@ -34,3 +35,14 @@ def prefer_codec(transceiver: RTCRtpTransceiver, codec: str) -> None:
     codecs = RTCRtpSender.getCapabilities("video").codecs
     ordered = sorted(codecs, key=lambda c: (c.mimeType.lower() != preferred, c.mimeType.lower() == "video/rtx"))
     transceiver.setCodecPreferences(ordered)
+
+
+def answered_codecs(answer: str) -> dict[str, str]:
+    """mid -> the video codec our answer sends on it (its first codec)."""
+    codecs: dict[str, str] = {}
+    for media in SessionDescription.parse(answer).media:
+        if media.kind == "video" and media.rtp.codecs:
+            mime = media.rtp.codecs[0].mimeType.lower()
+            if mime in ("video/vp8", "video/h264"):
+                codecs[media.rtp.muxId] = mime.split("/", 1)[1]
+    return codecs

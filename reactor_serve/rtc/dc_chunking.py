@@ -22,6 +22,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from reactor_serve.rtc.session_attributes import (
+    session_attribute,
+    with_session_attribute,
+)
+
 __all__ = [
     "ATTRIBUTE",
     "FRAME_BYTES",
@@ -53,34 +58,27 @@ class ChunkingError(ValueError):
 def offered_limit(sdp: str) -> int | None:
     """The max-message-size of a peer whose SDP declares chunking (version 1), or None
     when it does not (no line, another version, a line that does not parse)."""
-    for line in sdp.splitlines():
-        if line.startswith("m="):
-            return None
-        if not line.startswith(f"a={ATTRIBUTE}:"):
-            continue
-        version, _, parameters = line[len(ATTRIBUTE) + 3:].strip().partition(" ")
-        if version != VERSION:
-            return None
-        limit = DEFAULT_LIMIT
-        for parameter in parameters.replace(";", " ").split():
-            key, equals, value = parameter.partition("=")
-            if key == "max-message-size":
-                # At most 12 digits: a terabyte is past any limit, and no huge int.
-                if not equals or not value.isdigit() or len(value) > 12 or int(value) < 1:
-                    return None
-                limit = int(value)
-        return limit
-    return None
+    declared = session_attribute(sdp, ATTRIBUTE)
+    if declared is None:
+        return None
+    version, _, parameters = declared.partition(" ")
+    if version != VERSION:
+        return None
+    limit = DEFAULT_LIMIT
+    for parameter in parameters.replace(";", " ").split():
+        key, equals, value = parameter.partition("=")
+        if key == "max-message-size":
+            # At most 12 digits: a terabyte is past any limit, and no huge int.
+            if not equals or not value.isdigit() or len(value) > 12 or int(value) < 1:
+                return None
+            limit = int(value)
+    return limit
 
 
 def with_chunking(sdp: str, max_message_size: int) -> str:
     """`sdp` (an answer, ours) declaring chunking with `max_message_size`, before its
     first media section."""
-    line = f"a={ATTRIBUTE}:{VERSION} max-message-size={max_message_size}\r\n"
-    at = sdp.find("\r\nm=")
-    if at < 0:
-        return sdp + ("" if sdp.endswith("\r\n") else "\r\n") + line
-    return sdp[: at + 2] + line + sdp[at + 2:]
+    return with_session_attribute(sdp, ATTRIBUTE, f"{VERSION} max-message-size={max_message_size}")
 
 
 def frames(message: str | bytes, frame_bytes: int = FRAME_BYTES) -> list[bytes]:

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiortc import RTCDataChannel, RTCPeerConnection
-from aiortc.sdp import SessionDescription
 
 from reactor_serve.protocol.errors import OfferRejected, UnknownSession
+from reactor_serve.rtc.codecs import answered_codecs
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime.loading.model_spec import ModelSpec
 from reactor_serve.sessions import inbound_channel
@@ -36,7 +36,7 @@ from reactor_serve.sessions.offer_answering import (
 from reactor_serve.sessions.viewers.encoder_pool import EncoderPool
 from reactor_serve.sessions.viewers.shared_encoder import SharedVideoTrack
 
-__all__ = ["ViewerAnswering", "ViewerConnection", "answered_codecs"]
+__all__ = ["ViewerAnswering", "ViewerConnection"]
 
 
 @dataclass
@@ -139,14 +139,3 @@ class ViewerAnswering:
     async def close(self, viewer: ViewerConnection) -> None:
         """Close the viewer's peer connection, bounded by `close_timeout_s`."""
         await self._answerer.close(viewer.pc)
-
-
-def answered_codecs(answer: str) -> dict[str, str]:
-    """mid -> the video codec our answer sends on it (its first codec)."""
-    codecs: dict[str, str] = {}
-    for media in SessionDescription.parse(answer).media:
-        if media.kind == "video" and media.rtp.codecs:
-            mime = media.rtp.codecs[0].mimeType.lower()
-            if mime in ("video/vp8", "video/h264"):
-                codecs[media.rtp.muxId] = mime.split("/", 1)[1]
-    return codecs

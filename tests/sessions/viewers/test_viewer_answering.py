@@ -7,7 +7,7 @@ import pytest
 from reactor_serve.protocol.errors import OfferRejected, UnknownSession
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.sessions.contract import AnswerPending, SdpAnswer
-from reactor_serve.sessions.viewers.answering import ViewerAnswering, answered_codecs
+from reactor_serve.sessions.viewers.answering import ViewerAnswering
 
 
 class Spec:
@@ -47,13 +47,3 @@ async def test_connections_are_pollable_random_ids_and_bounded():
     finally:
         for viewer in made:
             await viewers.close(viewer)
-
-
-def test_answered_codecs_reads_the_first_video_codec_per_mid():
-    sdp = (
-        "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n"
-        "m=video 9 UDP/TLS/RTP/SAVPF 102 96\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\n"
-        "a=rtpmap:102 H264/90000\r\na=rtpmap:96 VP8/90000\r\n"
-        "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=mid:1\r\na=rtpmap:111 opus/48000/2\r\n"
-    )
-    assert answered_codecs(sdp) == {"0": "h264"}
