@@ -12,11 +12,19 @@ from reactor_serve.interface.models import (
     ReactorPipeline,
 )
 from reactor_serve.interface.state import InputField, InputRejected, InputState
-from reactor_serve.interface.tracks import Audio, Input, Output, Video
+from reactor_serve.interface.tracks import (
+    Audio,
+    FrameMetadata,
+    Input,
+    Output,
+    TrackPayload,
+    Video,
+)
 
 __all__ = [
     "Audio",
     "BufferClosed",
+    "FrameMetadata",
     "Idle",
     "Input",
     "InputField",
@@ -28,6 +36,7 @@ __all__ = [
     "ReactorModel",
     "ReactorPipeline",
     "SessionContext",
+    "TrackPayload",
     "UploadedFile",
     "Video",
     "VideoModel",

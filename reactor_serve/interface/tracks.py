@@ -12,7 +12,16 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Audio", "Input", "Output", "TrackDecl", "Video", "declared_tracks"]
+__all__ = [
+    "Audio",
+    "FrameMetadata",
+    "Input",
+    "Output",
+    "TrackDecl",
+    "TrackPayload",
+    "Video",
+    "declared_tracks",
+]
 
 
 class Video:
@@ -41,6 +50,33 @@ class Input:
 @dataclass
 class Output:
     """Base of a model's output tracks. Each field carries one track's frames."""
+
+
+FrameMetadata = typing.Union[dict[str, Any], bytes]
+"""One frame's metadata: a JSON-serialisable mapping (sent as compact UTF-8 JSON), or
+bytes the model encoded itself (sent as they are)."""
+
+
+@dataclass(frozen=True, eq=False)
+class TrackPayload:
+    """A video track's frames together with metadata that travels with each frame.
+
+    Give one in place of the bare frame (or batch) in an `Output`::
+
+        await self.emit(MyOutput(main_video=TrackPayload(frame, metadata={"seed": seed})))
+
+    `metadata` is one value for one frame, or a list with one value per frame of a
+    batch (`None` entries carry nothing). A client that negotiated per-frame metadata
+    (the official SDKs) receives it with that very frame; a stepped session's result
+    carries it beside the frame. Audio tracks carry no frame metadata.
+
+    Compared by identity: comparing the arrays inside would raise, not answer.
+    """
+
+    data: Any
+    metadata: FrameMetadata | list[FrameMetadata | None] | None = dataclasses.field(
+        default=None, kw_only=True
+    )
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
+    "AnswerSink",
     "CommandTicket",
     "FrameAnswer",
     "LatencyWindow",
@@ -66,6 +67,16 @@ class FrameAnswer:
             "to_encoder": _ms(encoding_at - presented_at),
             "total": _ms(encoding_at - self.ticket.arrived_at),
         }
+
+
+class AnswerSink(Protocol):
+    """Told when a frame that answers commands goes to the encoder, with its pts
+    offset from the track's first frame (`Session.frame_answered`)."""
+
+    def __call__(
+        self, answer: FrameAnswer, track: str, frame_offset: int,
+        emitted_at: float, presented_at: float, encoding_at: float,
+    ) -> None: ...
 
 
 def _ms(seconds: float) -> float:

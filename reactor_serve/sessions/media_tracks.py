@@ -17,14 +17,14 @@ import collections
 import fractions
 import logging
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, VideoFrame
 
 from reactor_serve.interface.tracks import TrackDecl
-from reactor_serve.runtime.input_latency import FrameAnswer
+from reactor_serve.runtime.input_latency import AnswerSink, FrameAnswer
 from reactor_serve.runtime.pacing.emission_clock import (
     AUDIO_CLOCK_RATE,
     VIDEO_CLOCK_RATE,
@@ -32,23 +32,15 @@ from reactor_serve.runtime.pacing.emission_clock import (
     PresentedFrame,
 )
 from reactor_serve.runtime.session import Session
+from reactor_serve.sessions.stamped_video import StampedVideoTrack
 
-__all__ = ["AnswerSink", "OutputFanout", "PacedAudioTrack", "PacedVideoTrack", "receive_input"]
+__all__ = ["OutputFanout", "PacedAudioTrack", "PacedVideoTrack", "receive_input"]
 
 log = logging.getLogger(__name__)
 
 VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_CLOCK_RATE)
 AUDIO_TIME_BASE = fractions.Fraction(1, AUDIO_CLOCK_RATE)
 AUDIO_FRAME_SAMPLES = AUDIO_CLOCK_RATE // 50  # 20 ms, Opus's usual frame
-
-
-class AnswerSink(Protocol):
-    """Told when a frame that answers commands goes to the encoder (Session.frame_answered)."""
-
-    def __call__(
-        self, answer: FrameAnswer, track: str, frame_offset: int,
-        emitted_at: float, presented_at: float, encoding_at: float,
-    ) -> None: ...
 
 
 class PacedVideoTrack(MediaStreamTrack):
@@ -252,7 +244,9 @@ class OutputFanout:
         # Told when presenting fails: the session must end with an error rather than
         # leave the client looking at a frozen picture.
         self.on_error = on_error
-        self._video: dict[str, list[PacedVideoTrack]] = collections.defaultdict(list)
+        self._video: dict[str, list[PacedVideoTrack | StampedVideoTrack]] = (
+            collections.defaultdict(list)
+        )
         self._audio: dict[str, list[PacedAudioTrack]] = collections.defaultdict(list)
         self._observers: list[Callable[[PresentedFrame], None]] = []
         self._task: asyncio.Task[None] | None = None
@@ -260,11 +254,14 @@ class OutputFanout:
         self._retired: set[asyncio.Task[None]] = set()
         self._stopped = False
 
-    def track(self, name: str) -> MediaStreamTrack:
-        """A new sender track for output `name`, fed from the next slot on."""
+    def track(self, name: str, *, stamped: bool = False) -> MediaStreamTrack:
+        """A new sender track for output `name`, fed from the next slot on. `stamped`:
+        a video track carrying each frame's metadata (a `StampedVideoTrack`, which
+        encodes once its `start` names the codec)."""
         decl = self.outputs[name]
         if decl.kind == "video":
-            video = PacedVideoTrack(name, self.on_answer if name == self._answering else None)
+            answer_to = self.on_answer if name == self._answering else None
+            video = StampedVideoTrack(name, answer_to) if stamped else PacedVideoTrack(name, answer_to)
             self._video[name].append(video)
             return video
         audio = PacedAudioTrack(name, decl.channels)
@@ -342,9 +339,11 @@ class OutputFanout:
                 image = presented.video.get(name)
                 if image is not None:
                     for video in tracks:
-                        video.offer(
-                            image, presented.pts, presented if video is tracks[-1] else None
-                        )
+                        answering = presented if video is tracks[-1] else None
+                        if isinstance(video, StampedVideoTrack):
+                            video.offer(image, presented.pts, answering, presented.metadata.get(name))
+                        else:
+                            video.offer(image, presented.pts, answering)
             for name, tracks in self._audio.items():
                 chunk = presented.audio.get(name)
                 if chunk is not None and chunk.shape[1]:

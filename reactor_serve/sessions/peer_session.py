@@ -33,8 +33,9 @@ from reactor_serve.protocol import channel_codec
 from reactor_serve.protocol.errors import OfferRejected, session_ended
 from reactor_serve.protocol.wire_v1 import codec as wire_v1
 from reactor_serve.protocol.wire_version import Wire
-from reactor_serve.rtc import dc_chunking
-from reactor_serve.rtc.codecs import apply_bitrate_range
+from reactor_serve.rtc import dc_chunking, frame_metadata
+from reactor_serve.rtc.codecs import answered_codecs, apply_bitrate_range
+from reactor_serve.rtc.loss_rate_control import LossRateControl
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.session import EndReason, Session, SessionHost
@@ -49,6 +50,7 @@ from reactor_serve.sessions.orphan_timer import OrphanTimer
 from reactor_serve.sessions.outbox import Outbox
 from reactor_serve.sessions.recording.recorder import SessionRecordings
 from reactor_serve.sessions.session_steps import SessionSteps
+from reactor_serve.sessions.stamped_video import StampedVideoTrack
 from reactor_serve.sessions.step_store import StepStore
 from reactor_serve.sessions.uploads.store import SessionUploads
 from reactor_serve.sessions.viewers.room import ViewerRoom
@@ -215,6 +217,7 @@ class PeerSession:
         self._raise_if_ended()
         conn = self._candidates.offer(connection_id)
         chunking = dc_chunking.offered_limit(sdp_offer)
+        stamped = frame_metadata.offered(sdp_offer)
         async with self._lock:
             self._raise_if_ended()
             first = self.session is None
@@ -239,7 +242,7 @@ class PeerSession:
             tracks: list[Any] = []
 
             def outgoing(kind: str, name: str) -> Any:
-                track = fanout.track(name)
+                track = fanout.track(name, stamped=stamped)
                 tracks.append(track)
                 return track
 
@@ -263,9 +266,30 @@ class PeerSession:
                     self._raise_if_ended()  # closed under us: say so, not "bad offer"
                 raise
             self._install(pc, tracks, answer)
+            sdp = answer.sdp
+            if stamped:
+                self._start_stamped(answer)
+                sdp = frame_metadata.with_frame_metadata(sdp)
             if chunking is not None:
-                return dc_chunking.with_chunking(answer.sdp, self._inbound_limit())
-            return answer.sdp
+                sdp = dc_chunking.with_chunking(sdp, self._inbound_limit())
+            return sdp
+
+    def _start_stamped(self, answer: Answer) -> None:
+        """Start the encoders of a connection whose client negotiated frame metadata,
+        each in the codec the answer sends on its track."""
+        codecs = answered_codecs(answer.sdp)
+        for transceiver, track in answer.sent:
+            if isinstance(track, StampedVideoTrack):
+                settings = self.settings
+                track.start(
+                    codecs.get(transceiver.mid or "", settings.codec), settings.bitrate_kbps,
+                    fps_hint=float(self.host.spec.fps),
+                    keyframe_interval_s=settings.viewer_keyframe_interval_s,
+                )
+                control = LossRateControl(settings.bitrate_kbps * 1000, settings.min_bitrate_kbps * 1000,
+                                          settings.max_bitrate_kbps * 1000)
+                # With the connection's other tasks: cancelled when it is replaced.
+                self._pc_tasks.append(self._spawn(track.follow_loss(transceiver.sender, control)))
 
     def _install(self, pc: RTCPeerConnection, tracks: list[Any], answer: Answer) -> None:
         """Make a freshly answered connection the session's transport."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -64,6 +64,8 @@ class StepFrames:
     audio: dict[str, list[np.ndarray]]
     elapsed_s: float
     fps: float
+    # Per video track, what the model attached to each of its frames (TrackPayload).
+    metadata: dict[str, list[bytes | None]] = field(default_factory=dict)
 
 
 class SessionSteps:
@@ -185,12 +187,14 @@ class SessionSteps:
     def _frames(self, items: list[FrameItem], elapsed_s: float) -> StepFrames:
         video: dict[str, list[np.ndarray]] = {}
         audio: dict[str, list[np.ndarray]] = {}
+        metadata: dict[str, list[bytes | None]] = {}
         for item in items:
             for name, frame in item.video.items():
                 video.setdefault(name, []).append(np.ascontiguousarray(frame, dtype=np.uint8))
+                metadata.setdefault(name, []).append(item.metadata.get(name))
             for name, chunk in item.audio.items():
                 audio.setdefault(name, []).append(np.ascontiguousarray(chunk, dtype=np.int16))
-        return StepFrames(self.steps, video, audio, elapsed_s, self._fps)
+        return StepFrames(self.steps, video, audio, elapsed_s, self._fps, metadata)
 
     def _answer(self, request_id: str, made: StepFrames) -> None:
         tracks = []
@@ -203,11 +207,16 @@ class SessionSteps:
                 kind, rate, dtype = platform_pb2.TRACK_KIND_AUDIO, 48_000.0, "int16"
             if not frames:
                 continue
-            tracks.append(step_pb2.TrackFrames(
-                track=track.name, kind=kind, rate=rate,
-                frames=[step_pb2.Frame(encoding=step_pb2.FRAME_ENCODING_RAW, dtype=dtype,
-                                       shape=list(f.shape), data=f.tobytes()) for f in frames],
-            ))
+            attached = made.metadata.get(track.name, [])
+            encoded_frames = []
+            for index, f in enumerate(frames):
+                frame = step_pb2.Frame(encoding=step_pb2.FRAME_ENCODING_RAW, dtype=dtype,
+                                       shape=list(f.shape), data=f.tobytes())
+                if index < len(attached) and attached[index] is not None:
+                    frame.metadata = attached[index]
+                encoded_frames.append(frame)
+            tracks.append(step_pb2.TrackFrames(track=track.name, kind=kind, rate=rate,
+                                               frames=encoded_frames))
         encoded = wire_v1.step_result(request_id, made.step, tracks, made.elapsed_s)
         if len(encoded) > self._limit():
             self._answer_failure(request_id, StepOutcome(

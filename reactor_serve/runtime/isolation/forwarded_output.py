@@ -172,7 +172,7 @@ class ForwardedOutput:
             # next part, or by the media process, which discards an old epoch's emit.
             if self.closed or self._epoch != crossing.epoch:
                 return _FAILED
-            part: list[tuple[dict[str, SlotRef], dict[str, Any], tuple[Any, ...]]] = []
+            part: list[tuple[dict[str, SlotRef], dict[str, Any], tuple[Any, ...], dict[str, bytes]]] = []
             while crossing.position < len(items):
                 written = self._write_item(items[crossing.position])
                 if written is None:
@@ -201,7 +201,7 @@ class ForwardedOutput:
 
     def _write_item(
         self, item: FrameItem
-    ) -> tuple[dict[str, SlotRef], dict[str, Any], tuple[Any, ...]] | None:
+    ) -> tuple[dict[str, SlotRef], dict[str, Any], tuple[Any, ...], dict[str, bytes]] | None:
         refs: dict[str, SlotRef] = {}
         for track, frame in item.video.items():
             written = self._writer.write(frame)
@@ -214,7 +214,7 @@ class ForwardedOutput:
             if announcement is not None:
                 self._channel.send_ring(announcement)
             refs[track] = ref
-        return refs, item.audio, item.answers
+        return refs, item.audio, item.answers, item.metadata
 
 
 _SENT, _SHORT, _FAILED = object(), object(), object()

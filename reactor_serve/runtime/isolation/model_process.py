@@ -478,7 +478,9 @@ class ModelProcess:
         compute_time: float | None,
         frames: int,
         drop: bool,
-        part: list[tuple[dict[str, Any], dict[str, Any], tuple[FrameAnswer, ...]]],
+        part: list[
+            tuple[dict[str, Any], dict[str, Any], tuple[FrameAnswer, ...], dict[str, bytes]]
+        ],
     ) -> None:
         buffer = self.output_buffer
         if child.dead:
@@ -488,8 +490,9 @@ class ModelProcess:
                 video={t: child.outputs.view(ref) for t, ref in video.items()},
                 audio=audio,
                 answers=answers,
+                metadata=metadata,
             )
-            for video, audio, answers in part
+            for video, audio, answers, metadata in part
         ]
         if at is not None:
             buffer.record_emit(items, compute_time, at=at, frames=frames)

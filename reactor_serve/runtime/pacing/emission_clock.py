@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -50,6 +50,9 @@ class PresentedFrame:
     fps: float
     # Commands whose first answer this slot's new frame is (runtime/input_latency.py).
     answers: tuple[FrameAnswer, ...] = ()
+    # What the model attached to this slot's new frame, per video track: a repeated
+    # frame carries none (its metadata went out with it once).
+    metadata: dict[str, bytes] = field(default_factory=dict)
 
 
 class EmissionClock:
@@ -247,4 +250,5 @@ class EmissionClock:
             seq=item.seq if item is not None else None,
             fps=interval_fps,
             answers=item.answers if item is not None else (),
+            metadata=item.metadata if item is not None else {},
         )

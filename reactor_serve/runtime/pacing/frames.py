@@ -2,17 +2,32 @@
 
 Video is `(H, W, 3)` or `(N, H, W, 3)` uint8 RGB, as a numpy array or a torch tensor
 on any device. Audio is int16 `(channels, samples)`. Anything else raises
-`FrameError` naming what was given and what is expected.
+`FrameError` naming what was given and what is expected. So does per-frame metadata
+(`TrackPayload.metadata`) that cannot be sent: it becomes bytes here, once, so the
+media side only ever carries bytes.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import numpy as np
 
-__all__ = ["FrameError", "as_array", "audio_chunk", "black_frame", "video_batch"]
+__all__ = [
+    "MAX_FRAME_METADATA_BYTES",
+    "FrameError",
+    "as_array",
+    "audio_chunk",
+    "black_frame",
+    "frame_metadata",
+    "video_batch",
+]
+
+# One frame's metadata rides at the end of that frame's encoded picture: a bound keeps
+# a model from turning every frame into a burst of extra packets.
+MAX_FRAME_METADATA_BYTES = 16 * 1024
 
 
 class FrameError(ValueError):
@@ -120,3 +135,39 @@ def black_frame(height: int, width: int) -> np.ndarray:
     frame = np.zeros((height, width, 3), dtype=np.uint8)
     frame.setflags(write=False)
     return frame
+
+
+def frame_metadata(value: Any, track: str, frames: int) -> list[bytes | None]:
+    """One entry per frame of a `frames`-frame emit: a `TrackPayload.metadata` value
+    (a mapping, bytes, None, or a list of those with one per frame) as the bytes that
+    travel with each frame."""
+    if isinstance(value, list):
+        if len(value) != frames:
+            raise FrameError(
+                f"track {track!r}: {len(value)} metadata values for {frames} frame(s); "
+                "give one value, or a list with one per frame"
+            )
+        return [_metadata_bytes(entry, track) for entry in value]
+    return [_metadata_bytes(value, track)] * frames
+
+
+def _metadata_bytes(value: Any, track: str) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+    elif isinstance(value, dict):
+        try:
+            data = json.dumps(value, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise FrameError(f"track {track!r}: metadata is not JSON: {exc}") from None
+    else:
+        raise FrameError(
+            f"track {track!r}: metadata must be a dict, bytes or None, got {type(value).__name__}"
+        )
+    if len(data) > MAX_FRAME_METADATA_BYTES:
+        raise FrameError(
+            f"track {track!r}: metadata of {len(data)} bytes is over the "
+            f"{MAX_FRAME_METADATA_BYTES}-byte limit per frame"
+        )
+    return data or None

@@ -41,6 +41,8 @@ class FrameItem:
     seq: int = 0
     # Commands this frame is the first answer to (see runtime/input_latency.py).
     answers: tuple[FrameAnswer, ...] = ()
+    # Per video track, the bytes the model attached to this frame (TrackPayload).
+    metadata: dict[str, bytes] = field(default_factory=dict)
 
 
 class OutputPort(Protocol):

@@ -3,7 +3,8 @@
 An emit is an `Output` dataclass (a value per track), or, for a model with one video
 track, a raw frame or batch. A batch of N frames becomes N items that share the
 batch's memory; audio emitted with it is split across those N items, after
-resampling to 48 kHz when the track declares another rate.
+resampling to 48 kHz when the track declares another rate. A video track's value may
+be a `TrackPayload`: its metadata goes to each item as bytes, beside the frame.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from reactor_serve.interface.tracks import Output, TrackDecl
+from reactor_serve.interface.tracks import Output, TrackDecl, TrackPayload
 from reactor_serve.runtime.pacing.frames import (
     FrameError,
     audio_chunk,
     black_frame,
+    frame_metadata,
     video_batch,
 )
 from reactor_serve.runtime.pacing.output_buffer import FrameItem
@@ -58,7 +60,14 @@ class OutputSplitter:
         values = self._track_values(output)
         video: dict[str, np.ndarray] = {}
         audio: dict[str, np.ndarray] = {}
+        metadata: dict[str, Any] = {}
         for name, value in values.items():
+            if isinstance(value, TrackPayload):
+                if self.tracks[name].kind != "video":
+                    raise FrameError(f"track {name!r} is audio, which carries no frame metadata")
+                if value.metadata is not None:
+                    metadata[name] = value.metadata
+                value = value.data
             if value is None:
                 continue
             if self.tracks[name].kind == "video":
@@ -74,6 +83,11 @@ class OutputSplitter:
         if not video and not audio:
             return []
         n = next(iter(counts.values())) if counts else 1
+        per_frame = {
+            name: frame_metadata(value, name, n)
+            for name, value in metadata.items()
+            if name in video
+        }
         for name, batch in video.items():
             self._last_size[name] = (int(batch.shape[1]), int(batch.shape[2]))
         for name, chunk in audio.items():
@@ -86,6 +100,11 @@ class OutputSplitter:
                 FrameItem(
                     video={name: batch[i] for name, batch in video.items()},
                     audio={name: _part(chunk, i, n) for name, chunk in audio.items()},
+                    metadata={
+                        name: entries[i]
+                        for name, entries in per_frame.items()
+                        if entries[i] is not None
+                    },
                 )
             )
         return items

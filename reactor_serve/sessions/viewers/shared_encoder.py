@@ -62,13 +62,14 @@ class SharedVideoTrack(MediaStreamTrack):
         super().__init__()
         self.name = name
         self.encoder: SharedEncoder | None = None
-        self._queue: asyncio.Queue[av.Packet | None] = asyncio.Queue()
+        # Each packet with the bytes the model attached to its frame (None: none).
+        self._queue: asyncio.Queue[tuple[av.Packet, bytes | None] | None] = asyncio.Queue()
         self._waiting_for_key = True
         self.packets = 0
         self.resyncs = 0
 
-    def deliver(self, packet: av.Packet, keyframe: bool) -> None:
-        """Called on the media loop with each shared packet."""
+    def deliver(self, packet: av.Packet, keyframe: bool, metadata: bytes | None = None) -> None:
+        """Called on the media loop with each shared packet (and its frame's metadata)."""
         if self._waiting_for_key and not keyframe:
             return
         if self._queue.qsize() >= self.MAX_QUEUED:
@@ -83,15 +84,19 @@ class SharedVideoTrack(MediaStreamTrack):
             if not keyframe:
                 return
         self._waiting_for_key = False
-        self._queue.put_nowait(packet)
+        self._queue.put_nowait((packet, metadata))
 
     async def recv(self) -> av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
-        packet = await self._queue.get()
-        if packet is None or self.readyState != "live":
+        queued = await self._queue.get()
+        if queued is None or self.readyState != "live":
             raise MediaStreamError
         self.packets += 1
+        return self.finish(*queued)
+
+    def finish(self, packet: av.Packet, metadata: bytes | None) -> av.Packet:
+        """The packet as it goes to the sender: viewers' go as encoded."""
         return packet
 
     def stop(self) -> None:
@@ -125,7 +130,7 @@ class SharedEncoder:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._busy = False
-        self._pending: tuple[np.ndarray, int] | None = None
+        self._pending: tuple[np.ndarray, int, bytes | None] | None = None
         self._want_keyframe = True
         self._last_keyframe = float("-inf")
         self._context: Any = None
@@ -160,12 +165,18 @@ class SharedEncoder:
     def request_keyframe(self) -> None:
         self._want_keyframe = True
 
+    def set_bitrate(self, bps: int) -> None:
+        """Encode at `bps` from the next frame on. A change of over a tenth starts the
+        encoder afresh, at a keyframe (as aiortc's encoders do): libvpx and x264, as
+        PyAV opens them, take a bitrate only when opened."""
+        self.bitrate = int(bps)
+
     # ---- frames (media loop) --------------------------------------------------------
 
-    def present(self, image: np.ndarray, pts: int) -> None:
+    def present(self, image: np.ndarray, pts: int, metadata: bytes | None = None) -> None:
         """Encode `image` ((H, W, 3) uint8 RGB) stamped `pts` (90 kHz) for the
-        subscribers. Never blocks: while the thread is busy only the newest frame
-        waits, and older ones are skipped."""
+        subscribers, who get `metadata` with its packets. Never blocks: while the
+        thread is busy only the newest frame waits, and older ones are skipped."""
         if self._closed or not self._subscribers:
             return
         self._loop = asyncio.get_running_loop()
@@ -173,11 +184,11 @@ class SharedEncoder:
         if self._busy:
             if self._pending is not None:
                 self.superseded += 1
-            self._pending = (image, pts)
+            self._pending = (image, pts, metadata)
             return
-        self._start(image, pts)
+        self._start(image, pts, metadata)
 
-    def _start(self, image: np.ndarray, pts: int) -> None:
+    def _start(self, image: np.ndarray, pts: int, metadata: bytes | None) -> None:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix=f"reactor-viewers-{self.codec}"
@@ -189,18 +200,22 @@ class SharedEncoder:
             self._last_keyframe = now
         self._busy = True
         future = self._executor.submit(self._encode, image, pts, keyframe)
-        future.add_done_callback(self._encoded)
+        future.add_done_callback(lambda done: self._encoded(done, metadata))
 
-    def _encoded(self, future: concurrent.futures.Future[list[tuple[av.Packet, bool]]]) -> None:
+    def _encoded(
+        self, future: concurrent.futures.Future[list[tuple[av.Packet, bool]]], metadata: bytes | None
+    ) -> None:
         # On the encoder thread: hand the result to the loop.
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
-                loop.call_soon_threadsafe(self._distribute, future)
+                loop.call_soon_threadsafe(self._distribute, future, metadata)
             except RuntimeError:
                 pass  # the loop closed meanwhile
 
-    def _distribute(self, future: concurrent.futures.Future[list[tuple[av.Packet, bool]]]) -> None:
+    def _distribute(
+        self, future: concurrent.futures.Future[list[tuple[av.Packet, bool]]], metadata: bytes | None
+    ) -> None:
         self._busy = False
         if self._closed:
             return
@@ -215,7 +230,7 @@ class SharedEncoder:
             if keyframe:
                 self.keyframes += 1
             for track in list(self._subscribers):
-                track.deliver(packet, keyframe)
+                track.deliver(packet, keyframe, metadata)
         pending, self._pending = self._pending, None
         if pending is not None and self._subscribers:
             self._start(*pending)
@@ -236,7 +251,10 @@ class SharedEncoder:
         # Both codecs want even dimensions in 4:2:0.
         width, height = width - width % 2, height - height % 2
         context = self._context
-        if context is not None and (context.width != width or context.height != height):
+        if context is not None and (
+            context.width != width or context.height != height
+            or abs(context.bit_rate - self.bitrate) > 0.1 * context.bit_rate
+        ):
             context = None
         if context is None:
             context = self._context = self._make_context(width, height)

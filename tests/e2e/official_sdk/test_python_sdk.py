@@ -6,6 +6,7 @@ each request: these tests are what it does, on `reactor run` and through Serve.
 
 import asyncio
 import contextlib
+import json
 import shutil
 import tempfile
 import time
@@ -347,3 +348,50 @@ async def test_sdk_runs_a_stepped_session_on_reactor_run(reactor_run):
 
 async def test_sdk_runs_a_stepped_session_through_serve(serve_examples):
     await stepped_session(f"{serve_examples}/models/gradient", "gradient")
+
+
+TAGGED = "tests/models/metadata/tagged"
+
+
+async def tagged_frames(reactor, count, timeout=30.0):
+    got = []
+    # The SDK hands a handler as many of (frame, frame_id, timestamp_us, user_data)
+    # as it takes, in that order.
+    reactor.track("main_video").on_frame(
+        lambda frame, frame_id, timestamp_us, user_data: got.append((frame, frame_id, user_data)))
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"only {len(got)} of {count} frames in {timeout} s"
+        await asyncio.sleep(0.05)
+    return got[:count]
+
+
+def level(n):
+    return 20 + (n * 12) % 216  # as the tagged model paints frame n
+
+
+async def test_sdk_gets_each_frames_metadata_with_that_frame(reactor_run):
+    run = reactor_run(TAGGED)
+    async with connected(run.url, "tagged") as reactor:
+        await reactor.send_command("set_label", {"label": "b"})
+        await frames(reactor, "main_video", 10)
+        got = await tagged_frames(reactor, 24)
+        ids = [frame_id for _, frame_id, _ in got]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids) and ids[0] > 0
+        for frame, _, user_data in got:
+            tag = json.loads(user_data)
+            assert tag["label"] == "b"
+            # The metadata came with the very picture the model tagged.
+            assert abs(float(frame.mean()) - level(tag["n"])) < 6, (tag, frame.mean())
+        numbers = [json.loads(user_data)["n"] for _, _, user_data in got]
+        assert numbers == sorted(numbers)
+    # A stepped session's frames carry theirs beside them.
+    reactor = Reactor(model_name="tagged", local=True, api_url=run.url, generation="stepped")
+    await reactor.connect()
+    try:
+        step = await reactor.step(state={"label": "c"})
+        tags = [json.loads(f.metadata) for f in step.track("main_video").frames]
+        assert [t["n"] for t in tags] == [0, 1, 2, 3] and {t["label"] for t in tags} == {"c"}
+    finally:
+        await reactor.disconnect()
+

@@ -54,7 +54,7 @@ class _Media:
             self.ops.append(op)
             if op == "emit":
                 emit_id, part = message[1], message[-1]
-                for video, _, _ in part:
+                for video, *_ in part:
                     view = self.reader.view(video["main"])
                     self.held.append(view)
                     self.values.append(int(view[0, 0, 0]))

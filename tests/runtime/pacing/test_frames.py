@@ -1,14 +1,20 @@
 """Frame/audio validation (no copies) and OutputSplitter."""
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 
-from reactor_serve.interface import Audio, Output, Video
+from reactor_serve.interface import Audio, Output, TrackPayload, Video
 from reactor_serve.interface.tracks import declared_tracks
-from reactor_serve.runtime.pacing.frames import FrameError, audio_chunk, video_batch
+from reactor_serve.runtime.pacing.frames import (
+    MAX_FRAME_METADATA_BYTES,
+    FrameError,
+    audio_chunk,
+    video_batch,
+)
 from reactor_serve.runtime.pacing.output_splitter import OutputSplitter
 
 EXPECTED_VIDEO = "(H, W, 3) or (N, H, W, 3)"
@@ -271,3 +277,50 @@ def test_dict_is_not_an_output():
 
 def test_empty_output_yields_nothing():
     assert splitter(AVOutput).split(AVOutput(main_video=None, main_audio=None)) == []
+
+
+# -- per-frame metadata (TrackPayload) ---------------------------------------------------
+
+
+def test_a_payloads_metadata_goes_with_every_frame_as_bytes():
+    batch = frames(3)
+    items = splitter(AVOutput).split(
+        AVOutput(main_video=TrackPayload(batch, metadata={"seed": 7, "tag": "é"}), main_audio=None)
+    )
+    assert [np.array_equal(i.video["main_video"], batch[n]) for n, i in enumerate(items)] == [True] * 3
+    assert [i.metadata for i in items] == [{"main_video": b'{"seed":7,"tag":"\\u00e9"}'}] * 3
+    assert json.loads(items[0].metadata["main_video"]) == {"seed": 7, "tag": "é"}
+
+
+def test_a_list_tags_each_frame_of_a_batch_and_none_tags_nothing():
+    items = splitter(StereoOutput).split(StereoOutput(
+        left=TrackPayload(frames(3), metadata=[b"\x00a", None, {"n": 2}]),
+        right=frames(3),
+    ))
+    assert [i.metadata for i in items] == [{"left": b"\x00a"}, {}, {"left": b'{"n":2}'}]
+
+
+def test_a_raw_frame_and_a_payload_without_metadata_carry_none():
+    assert splitter(SingleOutput).split(frames(1)[0])[0].metadata == {}
+    assert splitter(SingleOutput).split(SingleOutput(main_video=TrackPayload(frames(2))))[1].metadata == {}
+
+
+@pytest.mark.parametrize("metadata, words", [
+    ([b"a", b"b"], ("2 metadata values for 3 frame(s)",)),
+    ({"x": float("nan")}, ("not JSON",)),
+    ({"x": object()}, ("not JSON",)),
+    ("text", ("dict, bytes or None", "str")),
+    (b"x" * (MAX_FRAME_METADATA_BYTES + 1), ("limit",)),
+])
+def test_metadata_that_cannot_be_sent_is_refused_naming_the_track(metadata, words):
+    with pytest.raises(FrameError) as caught:
+        splitter(SingleOutput).split(SingleOutput(main_video=TrackPayload(frames(3), metadata=metadata)))
+    assert "main_video" in str(caught.value)
+    assert all(word in str(caught.value) for word in words), str(caught.value)
+
+
+def test_an_audio_track_takes_no_frame_metadata():
+    with pytest.raises(FrameError, match="main_audio.*audio"):
+        splitter(AVOutput).split(AVOutput(
+            main_video=frames(1), main_audio=TrackPayload(np.zeros((1, 800), np.int16), metadata=b"x"),
+        ))
