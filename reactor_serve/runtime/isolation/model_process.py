@@ -249,10 +249,11 @@ class ModelProcess:
         for future in opens.values():
             if not future.done():
                 future.set_result(("error", why or "the model process stopped"))
+        # The process's sessions all end with it (below), so a step under way is
+        # answered as one whose session ended, saying how the process died.
         for step in steps.values():
             if not step.done():
-                step.set_result(StepOutcome(StepFailure.FAILED if why else StepFailure.SESSION_ENDED,
-                                            why or "the model process stopped"))
+                step.set_result(StepOutcome(StepFailure.SESSION_ENDED, why or "the model process stopped"))
         for session in list(self._sessions.values()):
             self._abandon(session, EndReason.SHUTDOWN if why is None else EndReason.ERROR, why)
         # Frames it made are views of its memory: drop them, and the mappings go

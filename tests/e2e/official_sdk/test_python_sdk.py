@@ -25,6 +25,7 @@ from reactor_sdk import (
     ReactorStatus,
     StepCommand,
     StepRefusedError,
+    StepSessionEndedError,
 )
 
 GRADIENT = "examples/gradient"
@@ -395,3 +396,37 @@ async def test_sdk_gets_each_frames_metadata_with_that_frame(reactor_run):
     finally:
         await reactor.disconnect()
 
+
+async def test_a_model_process_killed_mid_step_ends_the_session_and_the_next_one_steps(reactor_run):
+    run = reactor_run("tests/models/process/crashing")
+    reactor = Reactor(model_name="crashing", local=True, api_url=run.url, generation="stepped")
+    await reactor.connect()
+    try:
+        assert len((await reactor.step()).track("main_video").frames) == 1
+        with pytest.raises(StepSessionEndedError, match="SIGKILL"):
+            await reactor.step(commands=[StepCommand("crash", {"how": "kill"})])
+        session_id = reactor.session_id
+    finally:
+        with contextlib.suppress(Exception):
+            await reactor.disconnect()
+    answer = httpx.get(f"{run.url}/session", params={"session_id": session_id}).json()
+    deadline = time.monotonic() + 20
+    while answer["state"] != "ended":
+        assert time.monotonic() < deadline, answer
+        await asyncio.sleep(0.2)
+        answer = httpx.get(f"{run.url}/session", params={"session_id": session_id}).json()
+    assert answer["end_reason"] == "error"
+    # The process is started again: the next session steps.
+    deadline = time.monotonic() + 60
+    while True:
+        reactor = Reactor(model_name="crashing", local=True, api_url=run.url, generation="stepped")
+        try:
+            await reactor.connect()
+            assert len((await reactor.step()).track("main_video").frames) == 1
+            break
+        except Exception:
+            assert time.monotonic() < deadline, "no session stepped after the restart"
+            await asyncio.sleep(0.5)
+        finally:
+            with contextlib.suppress(Exception):
+                await reactor.disconnect()
