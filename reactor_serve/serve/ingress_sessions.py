@@ -424,7 +424,8 @@ class IngressSessions:
 
     # ---- kept steps (StepBackend) -------------------------------------------------------
     #
-    # Kept by the replica that ran the session, while it runs there.
+    # Kept by the replica that ran the session: also once the session has ended, for as
+    # long as that replica runs and remembers it (SingleSessionBackend.KEEP_ENDED).
 
     async def kept_steps(self, session_id: str) -> list[int]:
         return list(await self._on_step_replica(session_id, "kept_steps", {}))
@@ -438,10 +439,13 @@ class IngressSessions:
         return data, content_type
 
     async def _on_step_replica(self, session_id: str, op: str, args: dict[str, Any]) -> Any:
-        record = await self._record(session_id, live=True)
-        if record["state"] != "placed":
-            raise UnknownStep("this session has run no step yet")
-        return await self._on_replica(session_id, record, op, args)
+        record = await self._record(session_id)
+        if not record.get("replica"):
+            raise UnknownStep("this session never ran on a replica: it has kept no step")
+        try:
+            return await self._replicas.call(session_id, record, op, args)
+        except ReplicaDied:
+            raise UnknownStep("the replica that kept this session's steps is gone") from None
 
     async def _linked_session(
         self, read: Callable[[str], Awaitable[dict[str, Any] | None]], key: str,

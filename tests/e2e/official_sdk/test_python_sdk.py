@@ -302,6 +302,7 @@ async def stepped_session(url, model):
     its own state, a bad value is refused naming the field, and it goes on after."""
     reactor = Reactor(model_name=model, local=True, api_url=url, generation="stepped")
     await reactor.connect()
+    session_id = reactor.session_id
     try:
         streamed = []
         reactor.track("main_video").on_frame(streamed.append)
@@ -334,6 +335,15 @@ async def stepped_session(url, model):
             assert len(pictures) == 4 and pictures[0].mean() < 60  # the dimmed step
     finally:
         await reactor.disconnect()
+    # And once the session has ended.
+    async with httpx.AsyncClient(base_url=url) as http:
+        deadline = time.monotonic() + 20
+        while (await http.get("/session", params={"session_id": session_id})).json()["state"] != "ended":
+            assert time.monotonic() < deadline, "the session did not end on disconnect"
+            await asyncio.sleep(0.2)
+        assert (await http.get(f"/sessions/{session_id}/steps")).json() == {"steps": [1, 2, 3]}
+        kept = (await http.get(f"/sessions/{session_id}/steps/3")).json()
+        assert kept["step"] == 3 and kept["usage"]["frames"] == 4
 
 
 async def test_sdk_runs_a_stepped_session_on_reactor_run(reactor_run):
