@@ -12,10 +12,13 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 __all__ = [
     "Audio",
     "FrameMetadata",
     "Input",
+    "InputFrame",
     "Output",
     "TrackDecl",
     "TrackPayload",
@@ -77,6 +80,35 @@ class TrackPayload:
     metadata: FrameMetadata | list[FrameMetadata | None] | None = dataclasses.field(
         default=None, kw_only=True
     )
+
+
+class InputFrame(np.ndarray):
+    """A client's video frame that came with metadata: the same `(H, W, 3)` uint8 RGB
+    array an input track's `read()` hands out, plus what the client attached to it.
+
+    `metadata` is the sender's bytes (None: none); `capture_time_us` when the sender
+    says the frame was captured, in microseconds of the sender's clock (None: not
+    stamped). A frame that carried neither is a plain array, so read them as
+    `getattr(frame, "metadata", None)`. Views and results of arithmetic on the frame
+    keep the two values; `np.asarray(frame)` drops them.
+    """
+
+    metadata: bytes | None
+    capture_time_us: int | None
+
+    @classmethod
+    def tag(cls, frame: np.ndarray, metadata: bytes | None, capture_time_us: int | None) -> np.ndarray:
+        """`frame` as an `InputFrame` carrying the two values; `frame` itself when both
+        are None."""
+        if metadata is None and capture_time_us is None:
+            return frame
+        tagged = frame.view(cls)
+        tagged.metadata, tagged.capture_time_us = metadata, capture_time_us
+        return tagged
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.metadata = getattr(obj, "metadata", None)
+        self.capture_time_us = getattr(obj, "capture_time_us", None)
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from reactor_serve.interface.tracks import TrackDecl
+from reactor_serve.interface.tracks import InputFrame, TrackDecl
 from reactor_serve.protocol.channel_codec import BadCommand, ProtocolError
 from reactor_serve.protocol.errors import OfferRejected
 from reactor_serve.protocol.wire_v1 import codec as wire_v1
 from reactor_serve.protocol.wire_v1 import platform_pb2, step_pb2
+from reactor_serve.runtime.pacing.frames import MAX_FRAME_METADATA_BYTES
 from reactor_serve.runtime.pacing.output_buffer import FrameItem
 from reactor_serve.runtime.stepping import StepFailure, StepOutcome
 
@@ -174,12 +175,14 @@ class SessionSteps:
                 if frame.encoding == step_pb2.FRAME_ENCODING_H264 and track.kind == "video":
                     if decoder is None:
                         decoder = _H264(where)
-                    frames += [(track.name, picture) for picture in decoder.decode(frame.data, where)]
+                    pictures = decoder.decode(frame.data, where)
                 elif frame.encoding == step_pb2.FRAME_ENCODING_RAW:
-                    frames.append((track.name, _raw(frame, track.kind, where)))
+                    pictures = [_raw(frame, track.kind, where)]
                 else:
                     raise _Refused(f"{where}: encoding {frame.encoding} is not one this server "
                                    f"reads for a {track.kind} track (RAW, or H264 for video)", where)
+                metadata, captured = _tags(frame, track.kind, where)
+                frames += [(track.name, InputFrame.tag(p, metadata, captured)) for p in pictures]
         return frames
 
     # ---- output ------------------------------------------------------------------------
@@ -238,6 +241,21 @@ class SessionSteps:
 
 class _Ended(Exception):
     pass
+
+
+def _tags(frame: step_pb2.Frame, kind: str, where: str) -> tuple[bytes | None, int | None]:
+    """What the client attached to a step's input frame, checked: the model reads them
+    on the frame (`InputFrame`)."""
+    metadata = frame.metadata if frame.HasField("metadata") else None
+    captured = frame.capture_time_us if frame.HasField("capture_time_us") else None
+    if kind != "video" and (metadata or captured is not None):
+        raise _Refused(f"{where}: an audio frame carries no metadata", where)
+    if metadata is not None and len(metadata) > MAX_FRAME_METADATA_BYTES:
+        raise _Refused(f"{where}.metadata: {len(metadata)} bytes, past the "
+                       f"{MAX_FRAME_METADATA_BYTES} one frame may carry", f"{where}.metadata")
+    if captured is not None and captured < 0:
+        raise _Refused(f"{where}.capture_time_us: {captured} is before 1970", f"{where}.capture_time_us")
+    return metadata or None, captured
 
 
 def _raw(frame: step_pb2.Frame, kind: str, where: str) -> np.ndarray:

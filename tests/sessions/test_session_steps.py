@@ -9,6 +9,7 @@ import numpy as np
 
 from reactor_serve.interface.tracks import TrackDecl
 from reactor_serve.protocol.wire_v1 import data_pb2, step_pb2
+from reactor_serve.runtime.pacing.frames import MAX_FRAME_METADATA_BYTES
 from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
 from reactor_serve.runtime.stepping import StepFailure, StepOutcome
 from reactor_serve.sessions.session_steps import SessionSteps
@@ -41,12 +42,14 @@ class Session:
 
     def push_input(self, track, frame):
         self.inputs.append((track, frame.shape))
+        self.tags = getattr(self, "tags", []) + [
+            (getattr(frame, "metadata", None), getattr(frame, "capture_time_us", None))]
 
 
 def make(frames=3, limit=1 << 20, buffer_size=2):
     buffer = OutputBuffer(buffer_size, 30.0)
     host = Host(buffer, frames)
-    session = Session(host)
+    session = host.session = Session(host)
     sent = []
     steps = SessionSteps(
         session=lambda: session, outputs=(TrackDecl("main_video", "video", Video),),
@@ -97,6 +100,15 @@ async def test_a_step_answers_with_every_frame_of_its_unit_even_past_the_buffer(
     assert host.calls == [({}, [("paint", {"level": 42.0})], [("camera", (4, 6, 3))] * 2)]
 
 
+async def test_what_the_client_attached_to_a_frame_reaches_the_model_with_it():
+    steps, host, sent = make()
+    steps.request("data_1", request(level=3, frames=[
+        raw(metadata=b"\x00tag", capture_time_us=1_700_000_000_000_000), raw(), raw(metadata=b""),
+    ]))
+    await answered(sent, 1)
+    assert host.session.tags == [(b"\x00tag", 1_700_000_000_000_000), (None, None), (None, None)]
+
+
 async def test_bad_frames_refuse_the_step_before_anything_applies():
     steps, host, sent = make()
     bad = [
@@ -106,6 +118,8 @@ async def test_bad_frames_refuse_the_step_before_anything_applies():
         [step_pb2.Frame(encoding=step_pb2.FRAME_ENCODING_RAW, dtype="float32", shape=[4, 6, 3])],
         [step_pb2.Frame(encoding=step_pb2.FRAME_ENCODING_H264, data=b"\x00\x00\x00\x01garbage")],
         [step_pb2.Frame(encoding=7)],
+        [raw(metadata=b"x" * (MAX_FRAME_METADATA_BYTES + 1))],
+        [raw(capture_time_us=-5)],
     ]
     for n, frames in enumerate(bad):
         steps.request(f"data_{n}", request(level=1, frames=[raw(), *frames]))

@@ -357,10 +357,12 @@ class ModelProcess:
             ref, announcement = written
             if announcement is not None:
                 child.channel.send_ring(announcement)
-            child.channel.send("input", session.id, track, ref)
+            # The ring holds pixels only: what the client attached goes beside them.
+            tags = (getattr(frame, "metadata", None), getattr(frame, "capture_time_us", None))
+            child.channel.send("input", session.id, track, ref, tags if any(t is not None for t in tags) else None)
         else:
             chunk = np.ascontiguousarray(audio_chunk(frame, track))
-            child.channel.send("input", session.id, track, chunk)
+            child.channel.send("input", session.id, track, chunk, None)
 
     def submit_command(
         self, session: Session, name: str, data: Any, ticket: CommandTicket | None = None

@@ -20,6 +20,7 @@ import threading
 import traceback
 from typing import Any
 
+from reactor_serve.interface.tracks import InputFrame
 from reactor_serve.runtime.host import ModelHost, ModelLoadError, SessionBusy
 from reactor_serve.runtime.isolation.forwarded_output import ForwardedOutput
 from reactor_serve.runtime.isolation.frame_ring import FrameReader, SlotRef
@@ -137,7 +138,7 @@ class _Worker:
         if op == "placed":
             output.placed(*args)
         elif op == "input":
-            session_id, track, frame = args
+            session_id, track, frame, tags = args
             session = self.sessions.get(session_id)
             if session is None or session.stopping:
                 if isinstance(frame, SlotRef):
@@ -147,6 +148,8 @@ class _Worker:
             try:
                 if isinstance(frame, SlotRef):  # video; audio chunks come in the message
                     frame = self.inputs.view(frame)
+                    if tags is not None:
+                        frame = InputFrame.tag(frame, *tags)
                 host.push_input(session, track, frame)
             except (KeyError, ValueError) as exc:
                 log.warning("input frame for %r refused: %s", track, exc)

@@ -403,6 +403,15 @@ async def test_sdk_gets_each_frames_metadata_with_that_frame(reactor_run):
         step = await reactor.step(state={"label": "c"})
         tags = [json.loads(f.metadata) for f in step.track("main_video").frames]
         assert [t["n"] for t in tags] == [0, 1, 2, 3] and {t["label"] for t in tags} == {"c"}
+        assert tags[0]["echo"] is None
+        # What the client attaches to a frame it pushes reaches the model with it.
+        camera = await reactor.track("camera").publish()
+        camera.push_frame(np.zeros((96, 128, 3), np.uint8), user_data=b"first", capture_time_us=1)
+        camera.push_frame(np.zeros((96, 128, 3), np.uint8), user_data='{"é": 2}'.encode(),
+                          capture_time_us=1_700_000_000_000_000)
+        step = await reactor.step()
+        tags = [json.loads(f.metadata) for f in step.track("main_video").frames]
+        assert tags[0]["echo"] == '{"é": 2}' and tags[0]["captured"] == 1_700_000_000_000_000
     finally:
         await reactor.disconnect()
 
