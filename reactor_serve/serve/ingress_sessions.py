@@ -241,14 +241,20 @@ class IngressSessions:
                 "connection_id": connection_id, "candidates": candidates, "is_final": is_final,
             })
             return
-        batches = list(record.get("early_candidates") or [])
-        if len(batches) >= self.MAX_EARLY_CANDIDATE_BATCHES:
+        if await self._directory.early_candidate_batches(session_id) >= self.MAX_EARLY_CANDIDATE_BATCHES:
             raise OfferRejected(
                 f"at most {self.MAX_EARLY_CANDIDATE_BATCHES} candidate requests are kept "
                 f"before the session has a slot"
             )
-        batches.append({"candidates": candidates, "is_final": is_final})
-        await self._directory.update(session_id, early_candidates=batches)
+        key = await self._directory.keep_early_candidates(
+            session_id, {"candidates": candidates, "is_final": is_final})
+        # Placed meanwhile: its replica may have taken the kept batches before this one
+        # landed. Whichever of us takes this one hands it over.
+        placed = await self._record(session_id, live=True)
+        if placed["state"] == "placed" and await self._directory.take_early_candidate(key) is not None:
+            await self._on_replica(session_id, placed, "candidates", {
+                "connection_id": None, "candidates": candidates, "is_final": is_final,
+            })
 
     async def stop_session(self, session_id: str) -> None:
         record = await self._record(session_id)

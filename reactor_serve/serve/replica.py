@@ -171,7 +171,7 @@ class ModelReplica:
                     session_id, newer.get("sdp_offer", ""), newer.get("track_mapping") or [],
                     int(newer["connection_id"]) if newer.get("registered") else None,
                 )
-            for batch in fresh.get("early_candidates") or []:
+            for batch in await directory.take_early_candidates(session_id):
                 try:
                     await self.sessions.add_ice_candidates(
                         session_id, None, batch.get("candidates") or [],

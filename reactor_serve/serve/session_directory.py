@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from typing import Any
 
@@ -59,6 +60,10 @@ class SessionDirectory:
         # `<session id>/<upload id>` for each upload: what to drop when the session ends,
         # kept apart from the session's record, which has other writers.
         self._uploads_of_prefix = f"{app_name}/uploads-of/"
+        # `<session id>/<stamp>` for each batch of candidates trickled before the session
+        # is placed: written apart from the record, so that a candidate request on one
+        # ingress replica never overwrites an offer written by another.
+        self._early_prefix = f"{app_name}/early-candidates/"
 
     def _key(self, session_id: str) -> bytes:
         return (self._prefix + session_id).encode()
@@ -102,6 +107,7 @@ class SessionDirectory:
         await self.put(session_id, record)
         # The session's uploads went with it (on its replica); so do their ids.
         await self.drop_uploads_of(session_id)
+        await self.drop_early_candidates(session_id)
 
     async def delete(self, session_id: str) -> None:
         await asyncio.to_thread(_kv()._internal_kv_del, self._key(session_id),
@@ -178,6 +184,47 @@ class SessionDirectory:
                                       (self._models_prefix + name).encode(),
                                       namespace=_NAMESPACE)
         return json.loads(raw) if raw else {}
+
+    # ---- candidates trickled before placement -----------------------------------------
+    #
+    # Each batch is taken exactly once, by deleting its key: the replica that places the
+    # session takes those kept so far, and an ingress replica that finds the session
+    # placed right after keeping a batch takes that one back to hand it over itself.
+
+    async def keep_early_candidates(self, session_id: str, batch: dict[str, Any]) -> str:
+        """Keep `batch` for the replica that will place the session; its key."""
+        key = f"{session_id}/{time.time_ns():020d}-{secrets.token_hex(4)}"
+        await self._put_link(self._early_prefix, key, batch)
+        return key
+
+    async def early_candidate_batches(self, session_id: str) -> int:
+        return len(await self._early_keys(session_id))
+
+    async def take_early_candidates(self, session_id: str) -> list[dict[str, Any]]:
+        """Every batch kept for the session and not yet taken, oldest first."""
+        taken = []
+        for key in sorted(await self._early_keys(session_id)):
+            batch = await self.take_early_candidate(key)
+            if batch is not None:
+                taken.append(batch)
+        return taken
+
+    async def take_early_candidate(self, key: str) -> dict[str, Any] | None:
+        """The batch under `key` if this call took it; None when another did first."""
+        batch = await self._link(self._early_prefix, key)
+        deleted = await asyncio.to_thread(_kv()._internal_kv_del, (self._early_prefix + key).encode(),
+                                          namespace=_NAMESPACE)
+        return batch if deleted else None
+
+    async def drop_early_candidates(self, session_id: str) -> None:
+        await asyncio.to_thread(_kv()._internal_kv_del, f"{self._early_prefix}{session_id}/".encode(),
+                                del_by_prefix=True, namespace=_NAMESPACE)
+
+    async def _early_keys(self, session_id: str) -> list[str]:
+        keys = await asyncio.to_thread(_kv()._internal_kv_list,
+                                       f"{self._early_prefix}{session_id}/".encode(),
+                                       namespace=_NAMESPACE)
+        return [key.decode()[len(self._early_prefix):] for key in keys]
 
     # ---- viewer links and uploads ----------------------------------------------------
     #

@@ -529,10 +529,45 @@ async def test_candidates_trickled_beside_the_offer_never_undo_it(holders):
         )
         record = directory.records[session_id]
         assert record["offer"]["sdp_offer"] == "v=0 the offer"
-        assert [b["candidates"][0]["candidate"] for b in record["early_candidates"]] == ["c1", "c2"]
+        assert "early_candidates" not in record  # kept apart from the record
+        batches = await directory.take_early_candidates(session_id)
+        assert sorted(b["candidates"][0]["candidate"] for b in batches) == ["c1", "c2"]
+        assert await directory.take_early_candidates(session_id) == []  # taken once
         assert ingress._record_locks == {}
     finally:
         tasks = [*ingress.admission._waits.values(), *ingress.admission._background]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_an_offer_and_candidates_on_two_ingress_replicas_both_survive():
+    # The official SDK's offer and its trickled candidates are separate requests, and
+    # Serve may send them to different ingress replicas, whose locks know nothing of
+    # each other: only what each writes decides whether one undoes the other.
+    directory = ReadModifyWriteDirectory()
+    model = FullModel()
+    holders = LiveHolders("ingress-a", "ingress-b")
+
+    def ingress(name: str) -> IngressSessions:
+        return IngressSessions(SimpleNamespace(name=MODEL), model, directory, [], actor_name=name,
+                               replicas=ReplicaCalls(directory, get_actor=holders.get_actor))
+
+    a, b = ingress("ingress-a"), ingress("ingress-b")
+    try:
+        session_id = await new_session(directory)
+        cid = await a.register_connection(session_id)
+        await asyncio.gather(
+            b.add_ice_candidates(session_id, cid, [{"candidate": "c1"}], False),
+            a.submit_offer(session_id, "v=0 the offer", [], cid),
+            b.add_ice_candidates(session_id, cid, [{"candidate": "c2"}], True),
+        )
+        record = directory.records[session_id]
+        assert record["offer"]["sdp_offer"] == "v=0 the offer" and record["state"] == SessionState.WAITING
+        batches = await directory.take_early_candidates(session_id)
+        assert sorted(batch["candidates"][0]["candidate"] for batch in batches) == ["c1", "c2"]
+    finally:
+        tasks = [t for x in (a, b) for t in (*x.admission._waits.values(), *x.admission._background)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

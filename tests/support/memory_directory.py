@@ -21,6 +21,8 @@ class MemoryDirectory:
         self.settings: dict[str, Any] = (
             {"admission_timeout_s": 60.0} if settings is None else dict(settings)
         )
+        # key -> batch of candidates kept before placement (SessionDirectory's semantics).
+        self.early: dict[str, dict[str, Any]] = {}
         self.settings_reads = 0
         self.count_reads = 0
         self.max_wait_asked: float | None = None
@@ -70,3 +72,19 @@ class MemoryDirectory:
         self.max_wait_asked = max_wait_s
         states = [r.get("state") for r in self.records.values() if r.get("model") == model]
         return {"live": states.count("placed"), "waiting": states.count("waiting")}
+
+    async def keep_early_candidates(self, session_id: str, batch: dict[str, Any]) -> str:
+        await self._write()
+        key = f"{session_id}/{time.time_ns():020d}-{len(self.early)}"
+        self.early[key] = dict(batch)
+        return key
+
+    async def early_candidate_batches(self, session_id: str) -> int:
+        return sum(key.startswith(f"{session_id}/") for key in self.early)
+
+    async def take_early_candidates(self, session_id: str) -> list[dict[str, Any]]:
+        keys = sorted(key for key in self.early if key.startswith(f"{session_id}/"))
+        return [self.early.pop(key) for key in keys]
+
+    async def take_early_candidate(self, key: str) -> dict[str, Any] | None:
+        return self.early.pop(key, None)
