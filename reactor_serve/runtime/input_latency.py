@@ -17,6 +17,7 @@ and the media process can compare them.
 from __future__ import annotations
 
 import collections
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,7 +30,10 @@ __all__ = [
     "MAX_COMMAND_ID_LENGTH",
     "MAX_LATENCY_MS",
     "percentile",
+    "report_answers",
 ]
+
+log = logging.getLogger(__name__)
 
 MAX_COMMAND_ID_LENGTH = 64
 # A report longer than this is not a latency but a clock or client bug: dropped.
@@ -77,6 +81,19 @@ class AnswerSink(Protocol):
         self, answer: FrameAnswer, track: str, frame_offset: int,
         emitted_at: float, presented_at: float, encoding_at: float,
     ) -> None: ...
+
+
+def report_answers(
+    sink: AnswerSink, answers: tuple[FrameAnswer, ...], track: str, frame_offset: int,
+    emitted_at: float, presented_at: float, encoding_at: float,
+) -> None:
+    """Tell `sink` of each command the frame answers; a failing report is logged, and
+    the frame is sent all the same."""
+    for answer in answers:
+        try:
+            sink(answer, track, frame_offset, emitted_at, presented_at, encoding_at)
+        except Exception:
+            log.exception("reporting the frame that answered a command failed")
 
 
 def _ms(seconds: float) -> float:

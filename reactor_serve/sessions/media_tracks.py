@@ -24,7 +24,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, VideoFrame
 
 from reactor_serve.interface.tracks import TrackDecl
-from reactor_serve.runtime.input_latency import AnswerSink, FrameAnswer
+from reactor_serve.runtime.input_latency import AnswerSink, FrameAnswer, report_answers
 from reactor_serve.runtime.pacing.emission_clock import (
     AUDIO_CLOCK_RATE,
     VIDEO_CLOCK_RATE,
@@ -107,14 +107,8 @@ class PacedVideoTrack(MediaStreamTrack):
             self._first_pts = pts
         answers, self._answers = self._answers, None
         if answers is not None and self.on_answer is not None:
-            encoding_at = time.monotonic()
-            for answer in answers[0]:
-                try:
-                    self.on_answer(
-                        answer, self.name, pts - self._first_pts, answers[1], answers[2], encoding_at
-                    )
-                except Exception:
-                    log.exception("reporting the frame that answered a command failed")
+            report_answers(self.on_answer, answers[0], self.name, pts - self._first_pts,
+                           answers[1], answers[2], time.monotonic())
         return frame
 
     def stop(self) -> None:

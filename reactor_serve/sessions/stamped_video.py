@@ -27,7 +27,7 @@ import numpy as np
 
 from reactor_serve.rtc import frame_metadata
 from reactor_serve.rtc.loss_rate_control import LossRateControl
-from reactor_serve.runtime.input_latency import AnswerSink
+from reactor_serve.runtime.input_latency import AnswerSink, report_answers
 from reactor_serve.runtime.log_throttle import LogThrottle
 from reactor_serve.runtime.pacing.emission_clock import PresentedFrame
 from reactor_serve.sessions.viewers.shared_encoder import (
@@ -111,12 +111,8 @@ class StampedVideoTrack(SharedVideoTrack):
             # Taken by the encoder now (or next, when it is busy): as near as this
             # track can tell when the frame answering the commands is encoded.
             emitted = presented.emitted_at if presented.emitted_at is not None else presented.slot
-            at = time.monotonic()
-            for answer in presented.answers:
-                try:
-                    self.on_answer(answer, self.name, pts - self._first_pts, emitted, presented.slot, at)
-                except Exception:
-                    log.exception("reporting the frame that answered a command failed")
+            report_answers(self.on_answer, presented.answers, self.name, pts - self._first_pts,
+                           emitted, presented.slot, time.monotonic())
 
     def finish(self, packet: av.Packet, metadata: bytes | None) -> av.Packet:
         self._frame_id += 1
