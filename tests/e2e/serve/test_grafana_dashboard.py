@@ -353,14 +353,19 @@ def test_cli_install_without_a_ray_session_says_so(ray_tmpdir, tmp_path):
 
 
 class Prometheus:
-    """Debian's Prometheus scraping Ray's metrics endpoint every second."""
+    """Debian's Prometheus scraping Ray's metrics endpoint every few seconds.
+
+    Not every second: a scrape may take no longer than the interval, and late in a
+    full test run the session's Ray exports the series of every application deployed
+    before, which a loaded machine does not always serve within one second."""
 
     def __init__(self, target: str, workdir: Path):
         if not Path(PROMETHEUS).exists():
             pytest.fail(f"{PROMETHEUS} is missing: install Debian's prometheus package (README)")
         config = workdir / "prometheus.yml"
         config.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "global": {"scrape_interval": "3s", "scrape_timeout": "3s",
+                       "evaluation_interval": "3s"},
             "scrape_configs": [{"job_name": "ray", "static_configs": [{"targets": [target]}]}],
         }))
         self.url = f"http://127.0.0.1:{free_port()}"
@@ -375,6 +380,13 @@ class Prometheus:
         body = reply.json()
         assert body["status"] == "success", (expr, body)
         return body["data"]["result"]
+
+    def targets(self) -> list[dict]:
+        """Each scrape target's health and last error, for a failure's message."""
+        reply = httpx.get(f"{self.url}/api/v1/targets", timeout=10)
+        return [{key: target.get(key) for key in ("scrapeUrl", "health", "lastError",
+                                                   "lastScrapeDuration")}
+                for target in reply.json()["data"]["activeTargets"]]
 
     def label_values(self, label: str, match: str) -> list[str]:
         reply = httpx.get(f"{self.url}/api/v1/label/{label}/values",
@@ -420,7 +432,8 @@ async def test_every_panel_shows_data_from_a_real_serve_session(ray_serve, tmp_p
             if not empty or time.monotonic() > deadline:
                 break
             await asyncio.sleep(2)
-        assert empty == [], "queries with no data:\n" + "\n".join(empty)
+        assert empty == [], ("queries with no data:\n" + "\n".join(empty)
+                             + f"\nscrape targets: {prometheus.targets()}")
         [by_reason] = [expr for expr in exprs if "reactor_sessions_ended" in expr]
         reasons = {series["metric"]["reason"]
                    for series in await asyncio.to_thread(prometheus.query, by_reason)}
