@@ -11,10 +11,14 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reactor_serve.runtime.loading.manifest import ManifestError
 from reactor_serve.runtime.loading.model_spec import ModelSpecError
 from reactor_serve.scaffold import init_model
+
+if TYPE_CHECKING:
+    from reactor_serve.access.access_control import AccessControl
 
 __all__ = ["main"]
 
@@ -161,8 +165,38 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="require this token: 'Authorization: Bearer T' or the URL prefix /t/T/",
     )
+    parser.add_argument(
+        "--auth",
+        choices=("off", "required"),
+        default="off",
+        help="'required': every session wants a token minted from an API key "
+        "(reactor keys create; POST /tokens). Default off",
+    )
+    _add_database_url(parser)
     _add_in_process(parser)
     parser.set_defaults(handler=_cmd_run)
+
+
+def _add_database_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        default=None,
+        help="the access database (API keys, tokens' signing keys): sqlite:///PATH or "
+        "postgresql://... (default: REACTOR_DATABASE_URL, else SQLite in "
+        "~/.local/state/reactor-serve)",
+    )
+
+
+def _open_access(url: str | None) -> AccessControl:
+    from reactor_serve.access.access_control import AccessControl
+    from reactor_serve.access.database import DatabaseError
+    from reactor_serve.access.deployment_secret import MissingSecret
+
+    try:
+        return AccessControl.open(url)
+    except (DatabaseError, MissingSecret) as exc:
+        raise CommandError(str(exc)) from exc
 
 
 def _add_in_process(parser: argparse.ArgumentParser) -> None:
@@ -187,12 +221,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # A browser on this machine reaches a loopback server through 127.0.0.1, which
     # aioice leaves out of its candidates unless told otherwise.
     override = {"loopback_candidates": True} if is_loopback_host(args.host) else None
+    if args.auth == "required" and args.token:
+        raise CommandError("--token and --auth required do not mix: choose one")
+    access = _open_access(args.database_url) if args.auth == "required" else None
     try:
         app = create_app(
             args.path,
             settings_override=override,
             auth_token=args.token,
             in_process=args.in_process or None,
+            access=access,
         )
     except WebRTCSettingsError as exc:
         raise CommandError(str(exc)) from exc
@@ -208,6 +246,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         host.shutdown()
         raise CommandError(f"model {host.spec.name} failed to load: {exc}") from exc
+    if access is None and not args.token and not is_loopback_host(args.host):
+        logging.getLogger("reactor_serve.cli").warning(
+            "serving on %s with auth off: anyone who can reach this address can start "
+            "sessions; use --auth required (reactor keys create) or --token", args.host)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", lifespan="on")
     server = uvicorn.Server(config)
     url = _url(args.host, args.port) + (f"t/{args.token}/" if args.token else "")
@@ -244,6 +286,105 @@ async def _feed_test_pattern(client: object, track: str, fps: float) -> None:
         index += 1
         deadline += 1.0 / fps
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def _add_keys(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "keys",
+        help="create, list and revoke API keys",
+        description=(
+            "API keys for a deployment with auth required. A key is exchanged for "
+            "short-lived tokens at POST /tokens; it is stored only as a keyed hash, so "
+            "'create' prints it once."
+        ),
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    create = actions.add_parser("create", help="make a key and print it once")
+    create.add_argument("--name", required=True, help="who or what the key is for")
+    create.add_argument("--models", nargs="+", metavar="MODEL", default=None,
+                        help="the models it may use (default: all)")
+    create.add_argument("--max-concurrent", type=int, metavar="K", default=None,
+                        help="sessions it may hold at once")
+    create.add_argument("--starts-per-minute", type=int, metavar="R", default=None,
+                        help="sessions it may start per minute")
+    create.add_argument("--max-session-s", type=int, metavar="S", default=None,
+                        help="the longest session it may hold, in seconds")
+    listing = actions.add_parser("list", help="every key, without secrets")
+    revoke = actions.add_parser("revoke", help="revoke a key and its tokens")
+    revoke.add_argument("key_id", metavar="KEY_ID", help="the key's id (from list)")
+    rotate = actions.add_parser(
+        "rotate-signing-key",
+        help="sign new tokens with a new key; tokens already out keep working until "
+        "they expire")
+    for each in (create, listing, revoke, rotate):
+        _add_database_url(each)
+        each.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(handler=_cmd_keys)
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from reactor_serve.access.access_control import MAX_TOKEN_LIFETIME_S
+    from reactor_serve.access.api_keys import ApiKey, KeyLimits
+    from reactor_serve.access.key_store import InvalidKeySettings, UnknownKey
+
+    def described(key: ApiKey) -> dict[str, object]:
+        limits = key.limits
+        return {"key_id": key.key_id, "name": key.name,
+                "models": list(limits.models) if limits.models is not None else None,
+                "max_concurrent": limits.max_concurrent,
+                "starts_per_minute": limits.starts_per_minute,
+                "max_session_s": limits.max_session_s,
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(key.created_at)),
+                "revoked": key.revoked}
+
+    access = _open_access(args.database_url)
+    store = access.store
+    try:
+        if args.action == "create":
+            limits = KeyLimits(
+                models=tuple(args.models) if args.models else None,
+                max_concurrent=args.max_concurrent,
+                starts_per_minute=args.starts_per_minute,
+                max_session_s=args.max_session_s,
+            )
+            try:
+                key, text = store.create(args.name, limits)
+            except InvalidKeySettings as exc:
+                raise CommandError(str(exc)) from exc
+            if args.json:
+                print(json.dumps({**described(key), "api_key": text}))
+            else:
+                print(f"Created key {key.key_id} ({key.name}). This is the only time it is "
+                      f"shown:\n\n    {text}\n")
+        elif args.action == "list":
+            keys = [described(key) for key in store.list()]
+            if args.json:
+                print(json.dumps(keys))
+            else:
+                for key in keys:
+                    state = "revoked" if key["revoked"] else "active"
+                    models = ",".join(key["models"]) if key["models"] else "all models"
+                    print(f"{key['key_id']}  {state:7}  {key['created_at']}  {models}  "
+                          f"{key['name']}")
+        elif args.action == "revoke":
+            try:
+                key = store.revoke(args.key_id)
+            except UnknownKey:
+                raise CommandError(f"no key {args.key_id!r} (reactor keys list)") from None
+            print(json.dumps(described(key)) if args.json else f"Revoked {key.key_id} ({key.name})")
+        else:
+            kid = store.rotate_signing_key(MAX_TOKEN_LIFETIME_S)
+            print(json.dumps({"kid": kid}) if args.json else
+                  f"New tokens are signed with {kid}; earlier ones verify until they expire")
+    finally:
+        access.close()
+    return 0
 
 
 # --------------------------------------------------------------------------- doctor
@@ -397,6 +538,7 @@ _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_init,
     _add_check,
     _add_run,
+    _add_keys,
     _add_doctor,
     _add_grafana_dashboard,
     _add_deploy,

@@ -270,7 +270,7 @@ class DevServer:
     """`reactor run`'s app (create_app) on a thread of this process with its own loop,
     for tests that need its objects or settings; `url` (also `base`)."""
 
-    def __init__(self, model_dir, **settings):
+    def __init__(self, model_dir, *, access=None, **settings):
         import threading
 
         import uvicorn
@@ -279,7 +279,8 @@ class DevServer:
 
         port = free_port()
         self.url = self.base = f"http://127.0.0.1:{port}"
-        self.app = create_app(model_dir, settings_override={"loopback_candidates": True, **settings})
+        self.app = create_app(model_dir, settings_override={"loopback_candidates": True, **settings},
+                              access=access)
         self.server = uvicorn.Server(
             uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning")
         )
@@ -299,3 +300,24 @@ class DevServer:
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(30)
+
+
+# --------------------------------------------------------------------------- databases
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL of the test session's own (tests/support/postgres_server.py)."""
+    from postgres_server import PostgresServer
+
+    server = PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path):
+    """Every test that takes this runs against both access databases, each fresh."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'access.sqlite3'}"
+    return request.getfixturevalue("postgres").new_database()

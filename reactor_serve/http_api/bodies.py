@@ -49,6 +49,7 @@ __all__ = [
     "StopBody",
     "UploadBody",
     "candidates_body",
+    "create_body",
     "offer_body",
     "start_body",
     "stop_body",
@@ -132,6 +133,38 @@ def start_body(data: dict[str, Any] | None) -> StartBody:
     if value_depth(extra, limit=MAX_EXTRA_ARGS_DEPTH) > MAX_EXTRA_ARGS_DEPTH:
         raise InvalidBody(f"extra_args: nests deeper than {MAX_EXTRA_ARGS_DEPTH} levels")
     return StartBody(extra_args=extra, generation=generation)
+
+
+def create_body(data: dict[str, Any] | None, model: str) -> StartBody:
+    """`POST /sessions`, the official SDKs' production create: `{"model": {"name"},
+    "client_info"?, "supported_transports"?, "extra_args"?, "extra_configs"?:
+    {"generation"?}}`. The model named must be this base's (`model`), and the
+    transports offered must include WebRTC when any are listed."""
+    if data is None:
+        raise InvalidBody('request body required: {"model": {"name": "..."}}')
+    named = data.get("model")
+    if not isinstance(named, dict) or not isinstance(named.get("name"), str):
+        raise InvalidBody(f'model: must be {{"name": "..."}}, got {describe(named)}')
+    if named["name"] != model:
+        raise InvalidBody(
+            f"model.name: this base serves {model!r}, not {describe(named['name'])}; "
+            f"send it to /models/<name>/sessions")
+    transports = data.get("supported_transports")
+    if transports is not None:
+        if not isinstance(transports, list) or not all(isinstance(t, dict) for t in transports):
+            raise InvalidBody("supported_transports: must be a list of objects")
+        if not any(t.get("protocol") == "webrtc" for t in transports):
+            raise InvalidBody("supported_transports: this server speaks webrtc only")
+    configs = data.get("extra_configs")
+    if configs is not None and not isinstance(configs, dict):
+        raise InvalidBody(f"extra_configs: must be an object, got {describe(configs)}")
+    generation = (configs or {}).get("generation")
+    try:
+        return start_body({"extra_args": data.get("extra_args"), "generation": generation})
+    except InvalidBody as exc:
+        # start_body names `generation`; here it lives in extra_configs.
+        text = str(exc)
+        raise InvalidBody(f"extra_configs.{text}" if text.startswith("generation") else text) from None
 
 
 def stop_body(data: dict[str, Any] | None) -> StopBody:

@@ -30,18 +30,27 @@ import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from reactor_serve.access.access_control import AccessControl, AccessDenied
+from reactor_serve.access.failure_throttle import FailureThrottle
+from reactor_serve.access.grants import Grant
 from reactor_serve.http_api.bodies import (
     InvalidBody,
     candidates_body,
+    create_body,
     offer_body,
     start_body,
     stop_body,
     upload_body,
+)
+from reactor_serve.http_api.middleware.access_tokens import (
+    GRANT_SCOPE_KEY,
+    AccessTokenMiddleware,
+    refusal,
 )
 from reactor_serve.http_api.middleware.cors import CORSMiddleware
 from reactor_serve.http_api.middleware.path_normalisation import (
@@ -110,6 +119,8 @@ def add_session_middleware(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_upload_bytes: int = 0,
     public_paths: Iterable[str] = DEFAULT_PUBLIC_PATHS,
+    access: AccessControl | None = None,
+    throttle: FailureThrottle | None = None,
 ) -> None:
     """Install, once per app, the middleware the session routes rely on.
 
@@ -120,13 +131,24 @@ def add_session_middleware(
     included; only `public_paths` (health, the web client's `_web/` files) go without
     the token. `max_upload_bytes`: the body bound of an upload's `PUT` (the largest
     file any model here takes; each backend then holds its own model to its bound).
+
+    `access` (auth required: API keys and signed tokens) takes the shared token's
+    place; the two do not mix. `throttle` slows addresses that keep failing; pass the
+    one `POST /tokens` uses (`access_routes`), so bad keys and bad tokens add up.
     """
     # Starlette wraps each added middleware around the previous ones: add inside out.
     app.add_middleware(
         RequestLimitsMiddleware, max_body_bytes=max_body_bytes,
         body_limits=(("PUT", UPLOAD_PATH, max_upload_bytes),) if max_upload_bytes > 0 else (),
     )
-    app.add_middleware(TokenAuthMiddleware, token=auth_token, public_paths=tuple(public_paths))
+    if access is not None:
+        if auth_token is not None:
+            raise ValueError("a shared auth token and API-key access do not mix: choose one")
+        app.add_middleware(AccessTokenMiddleware, access=access,
+                           throttle=throttle or FailureThrottle())
+    else:
+        app.add_middleware(TokenAuthMiddleware, token=auth_token,
+                           public_paths=tuple(public_paths))
     app.add_middleware(PathNormalisationMiddleware)
     app.add_middleware(CORSMiddleware)
 
@@ -201,6 +223,8 @@ def _answering(endpoint: _F) -> _F:
             return _error(400, str(exc))
         except BackendError as exc:
             return _backend_error(exc)
+        except AccessDenied as denied:
+            return refusal(denied)
         except Exception:
             log.exception("session route %s failed", endpoint.__name__)
             return _error(500, "internal server error")
@@ -237,9 +261,39 @@ async def _body(request: Request) -> dict[str, Any] | None:
 
 def _client(request: Request) -> ClientIdentity:
     address = request.client.host if request.client is not None else None
+    grant = _grant(request)
+    # Under API-key access the key is part of who asks: a stop naming no session
+    # never reaches another key's session from the same address and browser.
+    agent = request.headers.get("user-agent")
     return ClientIdentity.of(
-        address, request.headers.get("origin"), request.headers.get("user-agent")
+        address, request.headers.get("origin"),
+        agent if grant is None else f"{agent or ''}\x1fkey:{grant.key_id}",
     )
+
+
+def _grant(request: Request) -> Grant | None:
+    return request.scope.get(GRANT_SCOPE_KEY)
+
+
+def _session_guard(access: AccessControl | None) -> Callable[[Request], Awaitable[None]]:
+    """A dependency of every session route: under API-key access, the session a
+    request names (path `sid`, or a `session_id` query) must be the grant's. Public
+    routes carry no grant and are not guarded; an id of the wrong shape is left to
+    the route, which answers 404 for it."""
+
+    async def guard(request: Request) -> None:
+        grant = _grant(request)
+        if access is None or grant is None:
+            return
+        sid = request.path_params.get("sid") or request.query_params.get("session_id")
+        if sid is None or not _SESSION_ID.fullmatch(sid):
+            return
+        try:
+            await access.authorize_session(grant, sid)
+        except AccessDenied as denied:
+            raise HTTPException(denied.status, denied.reason) from None
+
+    return guard
 
 
 # --------------------------------------------------------------------------- routes
@@ -249,12 +303,15 @@ def session_routes(
     backend_for: Callable[[Request], SessionBackend],
     *,
     server_version: str,
+    access: AccessControl | None = None,
 ) -> APIRouter:
     """The session routes of docs/protocol.md, relative to a base URL.
 
-    Auth, CORS and limits are `add_session_middleware`'s, installed on the app.
+    Authentication, CORS and limits are `add_session_middleware`'s, installed on the
+    app. With `access`, the routes authorise: a start against the grant's models and
+    limits, and every request naming a session against who started it.
     """
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(_session_guard(access))])
 
     def descriptor(b: SessionBackend, info: SessionInfo) -> dict[str, Any]:
         from reactor_serve.protocol.model_documents import session_descriptor
@@ -270,8 +327,7 @@ def session_routes(
     async def start_session(request: Request) -> JSONResponse:
         body = start_body(await _body(request))
         b = backend_for(request)
-        info = await b.create_session(body.extra_args, _client(request), generation=body.generation)
-        return _json(descriptor(b, info))
+        return _json(descriptor(b, await start(request, b, body)))
 
     @_answering
     async def get_session(request: Request) -> JSONResponse:
@@ -293,7 +349,49 @@ def session_routes(
             matched = await b.stop_unnamed(_client(request))
             return _json({"state": "stopping", "matched": matched})
         sid = _session_id(body.session_id)
+        grant = _grant(request)
+        if access is not None and grant is not None:
+            await access.authorize_session(grant, sid)
         await b.stop_session(sid)
+        return _json({"session_id": sid, "state": "ended"})
+
+    async def start(request: Request, b: SessionBackend, body: Any) -> SessionInfo:
+        """A session started for this request, authorised and owned under access."""
+        grant = _grant(request)
+        if access is not None and grant is not None:
+            await access.authorize_start(grant, b.spec.name)
+        info = await b.create_session(body.extra_args, _client(request), generation=body.generation)
+        if access is not None and grant is not None:
+            try:
+                await access.record_start(grant, b.spec.name, info.session_id)
+            except AccessDenied:
+                # A session nobody can be shown to own is one nobody may use: end it.
+                await b.stop_session(info.session_id)
+                raise
+        return info
+
+    # ---- the official SDKs' production routes: create, poll, delete ---------------
+
+    @_answering
+    async def create_session(request: Request) -> JSONResponse:
+        b = backend_for(request)
+        body = create_body(await _body(request), b.spec.name)
+        return _json(descriptor(b, await start(request, b, body)), 201)
+
+    @_answering
+    async def read_session(request: Request, sid: str) -> JSONResponse:
+        sid = _session_id(sid)
+        b = backend_for(request)
+        body = descriptor(b, await b.get_session(sid))
+        if body["state"] == "ended":
+            # The official SDKs poll until a state they know as terminal.
+            body["state"] = "CLOSED"
+        return _json(body)
+
+    @_answering
+    async def delete_session(request: Request, sid: str) -> JSONResponse:
+        sid = _session_id(sid)
+        await backend_for(request).stop_session(sid)
         return _json({"session_id": sid, "state": "ended"})
 
     @_answering
@@ -379,6 +477,9 @@ def session_routes(
     add("/session", get_session, "GET", "get_session")
     add("/stop_session", stop_session, "POST", "stop_session")
     add("/health", health, "GET", "health")
+    add("/sessions", create_session, "POST", "create_session", status_code=201)
+    add("/sessions/{sid}", read_session, "GET", "read_session")
+    add("/sessions/{sid}", delete_session, "DELETE", "delete_session")
     add(f"{_WEBRTC}/ice_servers", ice_servers, "GET", "ice_servers")
     # POST and PUT are registered apart so each has its own OpenAPI operation id.
     add(f"{_WEBRTC}/sdp_params", offer, "POST", "post_sdp_offer", status_code=202)

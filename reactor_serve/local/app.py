@@ -19,6 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 
+from reactor_serve.access.access_control import AccessControl
+from reactor_serve.access.failure_throttle import FailureThrottle
 from reactor_serve.http_api.pages import (
     PLAYER_PAGE,
     model_pages,
@@ -26,6 +28,7 @@ from reactor_serve.http_api.pages import (
     wants_html,
 )
 from reactor_serve.http_api.routes import add_session_middleware, session_routes
+from reactor_serve.http_api.tokens import token_routes
 from reactor_serve.rtc.settings import WebRTCSettings, WebRTCSettingsError
 from reactor_serve.sessions.recording.settings import RecordingSettings
 from reactor_serve.sessions.single_session import SingleSessionBackend
@@ -41,6 +44,7 @@ def create_app(
     settings_override: dict[str, Any] | None = None,
     auth_token: str | None = None,
     in_process: bool | None = None,
+    access: AccessControl | None = None,
 ) -> FastAPI:
     """A FastAPI app serving the model in `model_dir` at the root.
 
@@ -51,6 +55,9 @@ def create_app(
     model is loaded at startup unless `app.state.host` was started before, and shut
     down at shutdown. A failing `load()` fails startup, with the model's traceback
     logged and the ModelLoadError kept in `app.state.load_error`.
+
+    `access` requires API keys: `POST /tokens` mints tokens, and every session route
+    wants one (docs/access.md). The app closes it at shutdown.
     """
     from reactor_serve import __version__
     from reactor_serve.runtime.host import ModelLoadError
@@ -85,16 +92,23 @@ def create_app(
         finally:
             await backend.aclose()
             await asyncio.to_thread(host.shutdown)
+            if access is not None:
+                access.close()
 
     app = FastAPI(title=f"reactor-serve: {name}", version=__version__, lifespan=lifespan)
     app.state.backend = backend
     app.state.host = host
     app.state.load_error = None
     # CORS, doubled slashes, the token (pages and docs too), request limits.
+    throttle = FailureThrottle()
     add_session_middleware(app, auth_token=auth_token,
-                           max_upload_bytes=backend.upload_settings.max_file_bytes)
+                           max_upload_bytes=backend.upload_settings.max_file_bytes,
+                           access=access, throttle=throttle)
+    app.state.access = access
+    if access is not None:
+        app.include_router(token_routes(access, throttle))
     app.include_router(
-        session_routes(lambda request: backend, server_version=__version__)
+        session_routes(lambda request: backend, server_version=__version__, access=access)
     )
 
     # The player is the root's page: `/` answers browsers with it and tools with JSON.

@@ -15,6 +15,7 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
+from reactor_serve.access.access_control import AccessControl
 from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.serve.config import AppArgs, model_deployment_options
 from reactor_serve.serve.gpu_placement import discover_cluster_gpus, resolve_gpus
@@ -65,7 +66,12 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
         # (Serve still restarts every deployment when the app's args change; the
         # ingress holds nothing, and busy replicas drain, so live sessions go on.)
         models.append({"name": name, "path": str(path)})
-    ingress = make_ingress(args.auth_token, args.operator_token).options(
+    # Opened here first: a database that cannot be reached or migrated, or a missing
+    # secret, fails `serve run` at once, naming what to fix. Each ingress replica then
+    # opens its own connection to it.
+    access = (AccessControl.open(args.database_url, auth_secret=args.auth_secret)
+              if args.auth == "required" else None)
+    ingress = make_ingress(args.auth_token, args.operator_token, access).options(
         # Stateless (sessions live in their replicas, records in the GCS): two or more
         # replicas, so killing or redeploying one never leaves clients waiting.
         num_replicas=args.ingress_replicas,

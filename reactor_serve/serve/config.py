@@ -222,6 +222,14 @@ class AppArgs(BaseModel):
     ice_servers: list[IceServer] = Field(default_factory=list)
     # Bearer token the session API requires; None serves without authentication.
     auth_token: str | None = Field(default=None, min_length=1)
+    # "required": API keys and signed tokens (docs/access.md); "off": open, or the one
+    # shared `auth_token`.
+    auth: Literal["off", "required"] = "off"
+    # The access database every ingress replica shares (default: REACTOR_DATABASE_URL,
+    # else SQLite on the node, which suits one machine only).
+    database_url: str | None = Field(default=None, min_length=1)
+    # The deployment's secret (default: REACTOR_AUTH_SECRET, else beside a SQLite file).
+    auth_secret: str | None = Field(default=None, min_length=32)
     # Operators list sessions (masked) with `X-Operator-Token: <token>`; unset: nobody.
     operator_token: str | None = Field(default=None, min_length=1)
     # The ingress is stateless; two replicas or more keep it answering while one
@@ -231,6 +239,13 @@ class AppArgs(BaseModel):
     ingress_max_ongoing_requests: int = Field(default=1000, ge=1)
     # The ingress only signals (media goes straight to the replicas): a small CPU share.
     ingress_cpus: float = Field(default=0.25, gt=0)
+
+    @model_validator(mode="after")
+    def _one_kind_of_auth(self) -> AppArgs:
+        if self.auth == "required" and self.auth_token is not None:
+            raise ValueError("auth_token: a shared token and auth: required do not mix; "
+                             "choose one")
+        return self
 
     # A field validator (not a model validator) so the error's location is `models`.
     @field_validator("models")

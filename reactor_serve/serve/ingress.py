@@ -26,8 +26,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from ray import serve
 
 from reactor_serve import __version__
+from reactor_serve.access.access_control import AccessControl
+from reactor_serve.access.failure_throttle import FailureThrottle
 from reactor_serve.http_api.pages import PICKER_PAGE, model_pages, page_response
 from reactor_serve.http_api.routes import add_session_middleware, session_routes
+from reactor_serve.http_api.tokens import token_routes
 from reactor_serve.protocol import model_documents
 from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.runtime.loading.model_spec import inspect_model
@@ -54,9 +57,14 @@ def _live_backends() -> dict[str, IngressSessions]:
     return module.BACKENDS
 
 
-def make_ingress(auth_token: str | None, operator_token: str | None = None) -> Any:
-    """The ingress deployment class, with its app's routes guarded by `auth_token`;
-    the operators' session list wants `operator_token`."""
+def make_ingress(
+    auth_token: str | None,
+    operator_token: str | None = None,
+    access: AccessControl | None = None,
+) -> Any:
+    """The ingress deployment class, with its app's routes guarded by `auth_token`,
+    or by API keys and tokens with `access`; the operators' session list wants
+    `operator_token`."""
     # Serve pickles the FastAPI app and this class separately, so the routes and the
     # ingress object meet in the module's `BACKENDS`, looked up by import at run time
     # in the replica's process (see `_live_backends`).
@@ -89,10 +97,16 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
     app = FastAPI(title="reactor-serve", version=__version__)
     # Each model's replica holds an upload to its own bound; the body of any is
     # bounded by the ceiling before that, and by its reservation as it is read.
-    add_session_middleware(app, auth_token=auth_token, max_upload_bytes=MAX_FILE_BYTES_CEILING)
-    app.include_router(session_routes(model_backend, server_version=__version__),
+    throttle = FailureThrottle()
+    add_session_middleware(app, auth_token=auth_token, max_upload_bytes=MAX_FILE_BYTES_CEILING,
+                           access=access, throttle=throttle)
+    if access is not None:
+        # At the root and under each model: an SDK's api_url may be either.
+        app.include_router(token_routes(access, throttle))
+        app.include_router(token_routes(access, throttle), prefix="/models/{name}")
+    app.include_router(session_routes(model_backend, server_version=__version__, access=access),
                        prefix="/models/{name}")
-    app.include_router(session_routes(root_backend, server_version=__version__))
+    app.include_router(session_routes(root_backend, server_version=__version__, access=access))
 
     # The web client: the model picker at the root (with the first model's connection
     # check), each model's player and connection check in its folder; an unknown
@@ -164,6 +178,8 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
             # The operator's Grafana dashboard comes with the app: Ray's Grafana reads it
             # from the head node's session folder, whichever node this replica is on.
             install_on_head()
+            if auth_token is None and access is None:
+                _warn_if_open_to_the_network()
 
         async def __del__(self) -> None:
             # An ingress replica stops for three reasons: it is replaced (redeploy,
@@ -180,6 +196,29 @@ def make_ingress(auth_token: str | None, operator_token: str | None = None) -> A
                                   backend.spec.name)
 
     return ReactorIngress
+
+
+# Serve's controller, by the name and namespace Ray 2.60 gives it.
+_SERVE_CONTROLLER = ("SERVE_CONTROLLER_ACTOR", "serve")
+
+
+def _warn_if_open_to_the_network() -> None:
+    """At every start of an ingress with auth off: a warning when Serve's HTTP proxy
+    listens beyond loopback, where anyone who reaches it can start sessions."""
+    from reactor_serve.rtc.host_candidates import is_loopback_host
+
+    try:
+        name, namespace = _SERVE_CONTROLLER
+        controller = ray.get_actor(name, namespace=namespace)
+        host = ray.get(controller.get_http_config.remote(), timeout=10).host
+    except Exception:
+        host = None  # unknown: say so rather than stay silent
+    if host is not None and is_loopback_host(host):
+        return
+    log.warning(
+        "the ingress serves on %s with auth off: anyone who can reach it can start "
+        "sessions on every model. Set auth: required (docs/access.md) or auth_token "
+        "in the app's args", host or "an address it could not read")
 
 
 async def _application_deleting(app_name: str) -> bool:

@@ -25,6 +25,8 @@ from starlette.responses import JSONResponse
 __all__ = [
     "DEFAULT_PUBLIC_PATHS",
     "TokenAuthMiddleware",
+    "bearer_token",
+    "route_path",
     "strip_token_prefix",
 ]
 
@@ -44,7 +46,7 @@ _UNAUTHORISED = (
 )
 
 
-def _route_path(scope: _Scope) -> str:
+def route_path(scope: _Scope) -> str:
     """The path below `root_path` (what the router matches)."""
     path: str = scope["path"]
     root: str = scope.get("root_path", "") or ""
@@ -112,11 +114,11 @@ class TokenAuthMiddleware:
     def _allowed(self, scope: _Scope, path_token: str | None) -> bool:
         if self._token is None:
             return True
-        if self._public.fullmatch(_route_path(scope)):
+        if self._public.fullmatch(route_path(scope)):
             return True
         if path_token is not None and self._same(path_token):
             return True
-        return self._same(_bearer(scope))
+        return self._same(bearer_token(scope))
 
     def _same(self, given: str | None) -> bool:
         assert self._token is not None
@@ -126,7 +128,7 @@ class TokenAuthMiddleware:
         return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self._token)
 
 
-def _bearer(scope: _Scope) -> str | None:
+def bearer_token(scope: _Scope) -> str | None:
     for key, value in scope.get("headers", ()):
         if key.lower() == b"authorization":
             scheme, _, credential = value.decode("latin-1").partition(" ")

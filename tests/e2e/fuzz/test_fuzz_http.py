@@ -203,13 +203,14 @@ def fuzz_corpus(sid: str, cid: int) -> list[FuzzCase]:
         ("PUT", f"{conn}/sdp_params", ("sdp_offer", "track_mapping", "client_info")),
         ("POST", f"{conn}/ice_candidates", ("candidates", "is_final")),
         ("POST", f"/sessions/{sid}/uploads", ("name", "size", "mime_type")),
+        ("POST", "/sessions", ("model", "extra_args", "extra_configs", "supported_transports")),
     ]
     get_routes = [
         "/session", "/health", f"{base}/ice_servers", f"{base}/sdp_params",
         f"{conn}/sdp_params", "/", "/docs", "/openapi.json", "/_web/player.js",
         "/doctor", "/_web/doctor.js", f"/clips?session_id={sid}&start=0&end=1",
         f"/clips/chunks/{sid}/c1-init.mp4", f"/sessions/{sid}/steps", f"/sessions/{sid}/steps/1",
-        f"/sessions/{sid}/steps/1/main_video.mp4",
+        f"/sessions/{sid}/steps/1/main_video.mp4", f"/sessions/{sid}",
     ]
     cases: list[FuzzCase] = []
 
@@ -225,6 +226,8 @@ def fuzz_corpus(sid: str, cid: int) -> list[FuzzCase]:
                 body: dict[str, Any] = {name: value}
                 if name in ("track_mapping", "client_info"):
                     body["sdp_offer"] = SDP_HEAD  # reach the field past sdp_offer
+                if path == "/sessions" and name != "model":
+                    body["model"] = {"name": "gradient"}  # reach the field past model
                 cases.append(FuzzCase(method, path, _body(body), _JSON,
                                       f"{method} {path}: {name} = {label}"))
 
@@ -264,6 +267,9 @@ def fuzz_corpus(sid: str, cid: int) -> list[FuzzCase]:
                               _body({"name": "a", "size": 1, "mime_type": "a/b"}), _JSON,
                               f"upload sid {odd[:20]!r}"))
         cases.append(FuzzCase("PUT", f"/uploads/{odd}", b"x", (), f"PUT upload {odd[:20]!r}"))
+        for method in ("GET", "DELETE"):
+            cases.append(FuzzCase(method, f"/sessions/{odd}", None, (),
+                                  f"{method} session {odd[:20]!r}"))
         cases.append(FuzzCase("GET", f"/clips?session_id={odd}&start=0&end=1", None, (),
                               f"GET clips sid {odd[:20]!r}"))
         cases.append(FuzzCase("GET", f"/clips/chunks/{odd}/c1-init.mp4", None, (),
@@ -357,24 +363,25 @@ async def run_corpus(http: httpx.AsyncClient, cases: list[FuzzCase]) -> FuzzRepo
         report.statuses[r.status_code] = report.statuses.get(r.status_code, 0) + 1
         if r.status_code >= 500:
             report.five_xx.append((str(r.status_code), f"{case.label}: {r.text[:200]}"))
-        elif case.path == "/start_session" and r.status_code == 200:
+        elif case.path in ("/start_session", "/sessions") and r.status_code in (200, 201):
             report.started.append(r.json()["session_id"])
     return report
 
 
-def _client(app: Any) -> httpx.AsyncClient:
+def _client(app: Any, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
     # raise_app_exceptions=False: an exception escaping the app is a 500 like any other.
     return httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
-        base_url="http://fuzz", timeout=30,
+        base_url="http://fuzz", timeout=30, headers=headers,
     )
 
 
-async def fuzz_app(app: Any) -> FuzzReport:
+async def fuzz_app(app: Any, headers: dict[str, str] | None = None) -> FuzzReport:
     """Run the whole corpus against a started app (its lifespan entered): a session is
     started and a connection registered first, so the session routes see a live id;
-    whatever the corpus started is stopped afterwards."""
-    async with _client(app) as http:
+    whatever the corpus started is stopped afterwards. `headers` go with every request
+    (a token, where the app requires one)."""
+    async with _client(app, headers) as http:
         r = await http.post("/start_session", json={})
         assert r.status_code == 200, r.text
         sid = r.json()["session_id"]
@@ -440,7 +447,8 @@ def test_the_corpus_covers_every_route():
                   "/sessions/s/transport/webrtc/connections/1/sdp_params",
                   "/sessions/s/transport/webrtc/connections/1/ice_candidates",
                   "/clips", "/clips/chunks/s/c1-init.mp4", "/sessions/s/steps",
-                  "/sessions/s/steps/1", "/sessions/s/steps/1/main_video.mp4"):
+                  "/sessions/s/steps/1", "/sessions/s/steps/1/main_video.mp4",
+                  "/sessions", "/sessions/s"):
         assert route in paths, route
 
 
@@ -492,3 +500,87 @@ async def test_an_abandoned_session_with_bad_candidates_still_ends_and_frees_the
             await asyncio.sleep(0.05)
         assert r.status_code == 200, "the abandoned session never freed the slot"
         await http.post("/stop_session", json={"session_id": r.json()["session_id"]})
+
+
+# --------------------------------------------------------------------------- with API keys
+
+
+@pytest.fixture
+async def access_app(tmp_path):
+    from reactor_serve.access.access_control import AccessControl
+
+    access = AccessControl.open(f"sqlite:///{tmp_path / 'access.sqlite3'}")
+    app = create_app(GRADIENT, settings_override={"loopback_candidates": True}, access=access)
+    async with app.router.lifespan_context(app):
+        yield app
+
+
+async def _token(app: Any) -> str:
+    _, key = app.state.access.store.create("fuzz")
+    async with _client(app) as http:
+        r = await http.post("/tokens", headers={"Reactor-API-Key": key}, content=b"null")
+        assert r.status_code == 200, r.text
+        return r.json()["jwt"]
+
+
+async def test_with_auth_required_the_corpus_gets_no_5xx(access_app):
+    token = await _token(access_app)
+    report = await fuzz_app(access_app, {"Authorization": f"Bearer {token}"})
+    assert report.five_xx == [], "\n".join(f"{s}: {label}" for s, label in report.five_xx)
+    assert report.statuses.get(400, 0) > 500
+
+
+async def test_without_a_token_every_session_route_is_401_and_nothing_5xx(access_app):
+    async with _client(access_app) as http:
+        report = await run_corpus(http, fuzz_corpus("s", 1))
+    assert report.five_xx == [], "\n".join(f"{s}: {label}" for s, label in report.five_xx)
+    # What answers without a token: health, pages and static files, uploads' PUT
+    # (their URL is the credential), and paths that are no route.
+    assert report.statuses.get(401, 0) > 0.8 * report.cases
+    assert not report.started
+
+
+TOKEN_BODIES: dict[str, bytes] = {
+    **GENERIC_BODIES,
+    "details not a list": _body({"authorization_details": {"type": "session"}}),
+    "two details": _body({"authorization_details": [{"type": "session"}] * 2}),
+    "detail a string": _body({"authorization_details": ["session"]}),
+    "models match not a list": _body({"authorization_details": [
+        {"type": "session", "resources": {"models": {"match": "gradient"}}}]}),
+    "models all false": _body({"authorization_details": [
+        {"type": "session", "resources": {"models": {"all": False}}}]}),
+    "65 models": _body({"authorization_details": [
+        {"type": "session", "resources": {"models": {"match": ["m"] * 65}}}]}),
+    "bind not ids": _body({"authorization_details": [
+        {"type": "session", "resources": {"models": {"all": True}, "sessions": {"bind": [1]}}}]}),
+    "bind unknown": _body({"authorization_details": [
+        {"type": "session", "resources": {"models": {"all": True},
+                                          "sessions": {"bind": ["nobody"]}}}]}),
+    "max_sessions bool": _body({"authorization_details": [
+        {"type": "session", "resources": {"models": {"all": True}},
+         "constraints": {"max_sessions": True}}]}),
+    "duration float": _body({"authorization_details": [
+        {"type": "session", "resources": {"models": {"all": True}},
+         "constraints": {"max_session_duration_seconds": 1.5}}]}),
+    "expires_after 5000 digits": b'{"expires_after": 1' + b"0" * 5000 + b"}",
+    "expires_after NaN": b'{"expires_after": NaN}',
+}
+
+
+async def test_hostile_token_requests_get_4xx_naming_the_problem(access_app):
+    _, key = access_app.state.access.store.create("fuzz-tokens")
+    async with _client(access_app) as http:
+        for label, content in TOKEN_BODIES.items():
+            r = await http.post("/tokens", headers={"Reactor-API-Key": key, **dict(_JSON)},
+                                content=content)
+            if label in ("empty", "whitespace", "null"):
+                # No body is the unscoped request fetch_jwt sends as `null`.
+                assert r.status_code == 200, (label, r.text)
+                continue
+            assert 400 <= r.status_code < 500, (label, r.status_code, r.text)
+            assert r.json()["detail"], label
+        for label, key_text in (("empty", ""), ("junk", "hello"), ("long", "rsk_" + "a" * 5000),
+                                ("unknown", "rsk_" + "0" * 16 + "_" + "A" * 43)):
+            r = await http.post("/tokens", headers={"Reactor-API-Key": key_text},
+                                content=b"null")
+            assert r.status_code == 401, (label, r.text)

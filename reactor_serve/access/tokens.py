@@ -1,0 +1,149 @@
+"""Signed access tokens: JWTs minted from an API key, checked on every request.
+
+HS256 only, pinned on both sides, so `alg: none` and an RS256 header carrying our
+key as a "public key" are refused before any signature math. The header's `kid` names
+the signing key (derived from the deployment's secret), so keys rotate without
+logging anyone out. The payload carries the key id (`sub`), a token id (`jti`), the
+expiry the server capped, and the checked `authorization_details`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jwt
+
+from reactor_serve.access.grants import Grant
+from reactor_serve.access.token_request import TokenRequest
+
+__all__ = [
+    "ALGORITHM",
+    "ISSUER",
+    "MAX_TOKEN_BYTES",
+    "TokenRejected",
+    "TokenSigner",
+    "TokenVerifier",
+]
+
+ALGORITHM = "HS256"
+ISSUER = "reactor-serve"
+# Far above any token we mint: a longer one is refused before it is parsed.
+MAX_TOKEN_BYTES = 8192
+# A client's clock may run this far ahead of ours and its fresh token still verify.
+_LEEWAY_S = 5
+
+
+class TokenRejected(PermissionError):
+    """A token does not authenticate; `reason` is safe to send to the client."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TokenSigner:
+    def __init__(self, kid: str, key: bytes, *, clock: Callable[[], float] = time.time) -> None:
+        self.kid = kid
+        self._key = key
+        self._clock = clock
+
+    def mint(self, key_id: str, request: TokenRequest, lifetime_s: int) -> tuple[str, Grant]:
+        now = int(self._clock())
+        token_id = secrets.token_urlsafe(12)
+        payload: dict[str, Any] = {
+            "iss": ISSUER,
+            "sub": key_id,
+            "jti": token_id,
+            "iat": now,
+            "exp": now + lifetime_s,
+        }
+        if request.scoped:
+            payload["authorization_details"] = [request.detail()]
+        token = jwt.encode(payload, self._key, algorithm=ALGORITHM, headers={"kid": self.kid})
+        return token, _grant(payload)
+
+
+class TokenVerifier:
+    """Checks tokens against the signing keys it is given (kid → key)."""
+
+    def __init__(self, keys: Mapping[str, bytes], *, clock: Callable[[], float] = time.time) -> None:
+        self._keys = dict(keys)
+        self._clock = clock
+
+    def knows(self, kid: str) -> bool:
+        return kid in self._keys
+
+    def verify(self, token: str) -> Grant:
+        if not token:
+            raise TokenRejected("the token is empty")
+        if len(token) > MAX_TOKEN_BYTES:
+            raise TokenRejected(f"the token is longer than {MAX_TOKEN_BYTES} bytes")
+        kid = unverified_kid(token)
+        key = self._keys.get(kid)
+        if key is None:
+            raise TokenRejected("the token's signing key (kid) is unknown or retired")
+        try:
+            # Times are checked below, against the injected clock.
+            payload = jwt.decode(
+                token, key, algorithms=[ALGORITHM], issuer=ISSUER,
+                options={"require": ["exp", "iat", "sub", "jti", "iss"],
+                         "verify_exp": False, "verify_iat": False, "verify_nbf": False},
+            )
+        except jwt.InvalidSignatureError:
+            raise TokenRejected("the token's signature does not verify") from None
+        except jwt.InvalidAlgorithmError:
+            raise TokenRejected(f"the token must be signed with {ALGORITHM}") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise TokenRejected(f"the token has no {exc.claim!r} claim") from None
+        except jwt.InvalidTokenError as exc:
+            raise TokenRejected(f"the token is not valid: {_short(exc)}") from None
+        now = self._clock()
+        issued, expires = payload["iat"], payload["exp"]
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in (issued, expires)):
+            raise TokenRejected("the token's times are malformed")
+        if expires <= now - _LEEWAY_S:
+            raise TokenRejected("the token has expired")
+        if issued > now + _LEEWAY_S:
+            raise TokenRejected("the token was issued in the future")
+        try:
+            return _grant(payload)
+        except (KeyError, TypeError, ValueError):
+            raise TokenRejected("the token's claims are malformed") from None
+
+
+def unverified_kid(token: str) -> str:
+    """The `kid` of a token's header, checked only for shape; refuses any other `alg`."""
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.InvalidTokenError:
+        raise TokenRejected("the token is not a JWT") from None
+    if header.get("alg") != ALGORITHM:
+        raise TokenRejected(f"the token must be signed with {ALGORITHM}")
+    kid = header.get("kid")
+    if not isinstance(kid, str) or not kid or len(kid) > 64:
+        raise TokenRejected("the token's header names no signing key (kid)")
+    return kid
+
+
+def _grant(payload: Mapping[str, Any]) -> Grant:
+    """The grant a verified payload carries. Our own signature vouches for its shape,
+    but a payload signed by an older version is still checked, not trusted."""
+    sub, jti, exp = payload["sub"], payload["jti"], payload["exp"]
+    if not (isinstance(sub, str) and isinstance(jti, str) and isinstance(exp, int)):
+        raise ValueError("claims")
+    details = payload.get("authorization_details")
+    if details is None:
+        return Grant(key_id=sub, token_id=jti, expires_at=float(exp))
+    request = TokenRequest.from_detail(details[0])
+    return Grant(
+        key_id=sub, token_id=jti, expires_at=float(exp), scoped=True,
+        models=request.models, sessions=request.sessions,
+        max_sessions=request.max_sessions, max_session_s=request.max_session_s,
+    )
+
+
+def _short(exc: Exception) -> str:
+    return str(exc)[:120] or type(exc).__name__
