@@ -172,6 +172,12 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         help="'required': every session wants a token minted from an API key "
         "(reactor keys create; POST /tokens). Default off",
     )
+    parser.add_argument(
+        "--operator-token",
+        metavar="T",
+        default=None,
+        help="with --auth required: GET /usage answers requests with 'X-Operator-Token: T'",
+    )
     _add_database_url(parser)
     _add_in_process(parser)
     parser.set_defaults(handler=_cmd_run)
@@ -231,6 +237,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             auth_token=args.token,
             in_process=args.in_process or None,
             access=access,
+            operator_token=args.operator_token,
         )
     except WebRTCSettingsError as exc:
         raise CommandError(str(exc)) from exc
@@ -306,12 +313,14 @@ def _add_keys(subparsers: argparse._SubParsersAction) -> None:
     create.add_argument("--name", required=True, help="who or what the key is for")
     create.add_argument("--models", nargs="+", metavar="MODEL", default=None,
                         help="the models it may use (default: all)")
-    create.add_argument("--max-concurrent", type=int, metavar="K", default=None,
-                        help="sessions it may hold at once")
-    create.add_argument("--starts-per-minute", type=int, metavar="R", default=None,
-                        help="sessions it may start per minute")
-    create.add_argument("--max-session-s", type=int, metavar="S", default=None,
-                        help="the longest session it may hold, in seconds")
+    # The defaults are the official platform's limits.
+    create.add_argument("--max-concurrent", type=int, metavar="K", default=5,
+                        help="sessions it may hold at once, waiting and orphaned ones "
+                        "included (default 5)")
+    create.add_argument("--starts-per-minute", type=int, metavar="R", default=50,
+                        help="sessions it may start per minute (default 50)")
+    create.add_argument("--max-session-s", type=int, metavar="S", default=1200,
+                        help="the longest session it may hold, in seconds (default 1200)")
     listing = actions.add_parser("list", help="every key, without secrets")
     revoke = actions.add_parser("revoke", help="revoke a key and its tokens")
     revoke.add_argument("key_id", metavar="KEY_ID", help="the key's id (from list)")
@@ -384,6 +393,59 @@ def _cmd_keys(args: argparse.Namespace) -> int:
                   f"New tokens are signed with {kid}; earlier ones verify until they expire")
     finally:
         access.close()
+    return 0
+
+
+# --------------------------------------------------------------------------- usage
+
+
+def _add_usage(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "usage",
+        help="usage per API key and model",
+        description=(
+            "Session-seconds by state (waiting, ready, orphaned), replica-seconds held "
+            "and frames delivered, per key and model, from the access database. "
+            "Ready seconds are what a session costs."
+        ),
+    )
+    parser.add_argument("--key", metavar="KEY_ID", default=None, help="one key only")
+    parser.add_argument("--from", dest="start", metavar="TIME", default=None,
+                        help="Unix seconds or ISO 8601 (default: 24 hours before --to)")
+    parser.add_argument("--to", dest="end", metavar="TIME", default=None,
+                        help="Unix seconds or ISO 8601 (default: now)")
+    _add_database_url(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(handler=_cmd_usage)
+
+
+def _cmd_usage(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from reactor_serve.access.usage_report import usage
+    from reactor_serve.http_api.usage import parse_time
+
+    now = time.time()
+    try:
+        end = parse_time(args.end, "--to") if args.end else now
+        start = parse_time(args.start, "--from") if args.start else end - 86_400.0
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+    access = _open_access(args.database_url)
+    try:
+        rows = usage(access.store.database, start=start, end=end, now=now, key_id=args.key)
+    finally:
+        access.close()
+    if args.json:
+        print(json.dumps({"from": start, "to": end, "usage": rows}))
+        return 0
+    print(f"{'key':16}  {'model':20}  {'sessions':>8}  {'ready s':>10}  {'waiting s':>10}  "
+          f"{'orphaned s':>10}  {'replica s':>10}  {'frames':>9}")
+    for row in rows:
+        print(f"{row['key_id']:16}  {row['model'][:20]:20}  {row['sessions']:>8}  "
+              f"{row['ready_s']:>10.1f}  {row['waiting_s']:>10.1f}  {row['orphaned_s']:>10.1f}  "
+              f"{row['replica_s']:>10.1f}  {row['frames']:>9}")
     return 0
 
 
@@ -539,6 +601,7 @@ _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_check,
     _add_run,
     _add_keys,
+    _add_usage,
     _add_doctor,
     _add_grafana_dashboard,
     _add_deploy,

@@ -31,12 +31,14 @@ from reactor_serve.access.tokens import (
     TokenVerifier,
     unverified_kid,
 )
+from reactor_serve.access.usage_ledger import UsageLedger
 
 __all__ = [
     "DEFAULT_TOKEN_LIFETIME_S",
     "MAX_TOKEN_LIFETIME_S",
     "AccessControl",
     "AccessDenied",
+    "StartTerms",
 ]
 
 # The official platform's ceiling: no token outlives six hours.
@@ -47,6 +49,17 @@ _KIDS_TTL_S = 60.0
 # another process), so forged kids cannot turn every request into a query.
 _KIDS_RETRY_S = 1.0
 _OWNERS_CACHED = 100_000
+# A session held to its key's concurrency frees a place only when one ends: a client
+# told to come back sooner would only be refused again.
+_CONCURRENCY_RETRY_S = 5.0
+
+
+@dataclass(frozen=True)
+class StartTerms:
+    """What a start is allowed: the session's longest time (the key's limit or the
+    token's, whichever is lower; None: only the server's own)."""
+
+    max_duration_s: float | None = None
 
 
 @dataclass
@@ -83,6 +96,7 @@ class AccessControl:
         self._keys: dict[str, tuple[ApiKey | None, float]] = {}
         self._owners: OrderedDict[str, SessionOwner] = OrderedDict()
         self._opened_with: tuple[str | None, str | None, dict[str, Any]] | None = None
+        self._ledgers: dict[bool, UsageLedger] = {}
 
     @classmethod
     def open(cls, database_url: str | None = None, *, auth_secret: str | None = None,
@@ -110,7 +124,19 @@ class AccessControl:
         url, secret, kwargs = self._opened_with
         return (_reopen, (url, secret, kwargs))
 
+    def usage_ledger(self, *, holds_slot: bool = True) -> UsageLedger:
+        """This process's ledger of session usage on the access database (one per
+        kind), closed with `close`."""
+        ledger = self._ledgers.get(holds_slot)
+        if ledger is None:
+            ledger = self._ledgers[holds_slot] = UsageLedger(
+                self.store.database, holds_slot=holds_slot)
+        return ledger
+
     def close(self) -> None:
+        for ledger in self._ledgers.values():
+            ledger.close()
+        self._ledgers.clear()
         self.store.database.dispose()
 
     # ---- tokens ------------------------------------------------------------------
@@ -160,7 +186,10 @@ class AccessControl:
 
     # ---- what a grant may do -----------------------------------------------------
 
-    async def authorize_start(self, grant: Grant, model: str) -> None:
+    async def authorize_start(self, grant: Grant, model: str) -> StartTerms:
+        """Whether the grant may start a session on `model` now, and on what terms.
+        403 for what the key or token never allows; 429 with `Retry-After`, naming
+        the quota, for what it allows again later."""
         key = await self._key(grant.key_id)
         if key is None or key.revoked:
             raise AccessDenied(401, "the token's API key was revoked")
@@ -174,6 +203,25 @@ class AccessControl:
             if started + len(grant.sessions) >= grant.max_sessions:
                 raise AccessDenied(
                     403, f"the token may hold at most {grant.max_sessions} sessions")
+        limits = key.limits
+        if limits.max_concurrent is not None:
+            live = await self._db(self.store.live_sessions, key.key_id)
+            if live >= limits.max_concurrent:
+                raise AccessDenied(
+                    429, f"quota max_concurrent: the key holds {live} of its "
+                         f"{limits.max_concurrent} sessions (waiting and orphaned ones "
+                         f"count); end one first", retry_after_s=_CONCURRENCY_RETRY_S)
+        if limits.starts_per_minute is not None:
+            now = self._clock()
+            starts = await self._db(self.store.starts_since, key.key_id, now - 60.0)
+            if len(starts) >= limits.starts_per_minute:
+                oldest = starts[-limits.starts_per_minute]
+                raise AccessDenied(
+                    429, f"quota starts_per_minute: the key started "
+                         f"{limits.starts_per_minute} sessions in the last minute",
+                    retry_after_s=max(1.0, oldest + 60.0 - now))
+        durations = [d for d in (limits.max_session_s, grant.max_session_s) if d is not None]
+        return StartTerms(max_duration_s=float(min(durations)) if durations else None)
 
     async def record_start(self, grant: Grant, model: str, session_id: str) -> None:
         owner = SessionOwner(grant.key_id, grant.token_id)

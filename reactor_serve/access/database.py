@@ -62,6 +62,11 @@ class Database:
         return self.engine.url.render_as_string(hide_password=True)
 
     @property
+    def url_with_password(self) -> str:
+        """The URL to open it again elsewhere (a replica): never for logs."""
+        return self.engine.url.render_as_string(hide_password=False)
+
+    @property
     def sqlite_path(self) -> Path | None:
         """The file of a SQLite database, None for any other."""
         url = self.engine.url

@@ -4,6 +4,8 @@ down, then refused for a while, so guessing costs time instead of only requests.
 Counts failures per address over a sliding window. Below `free_failures` nothing
 happens; above it each further request from that address waits a little longer
 (up to `max_delay_s`), and past `block_after` it is refused with a time to retry.
+The block must be reachable by a client that waits for each answer: `block_after`
+delays at most `max_delay_s` each fit in the window.
 Bounded memory: the least recently failing addresses are forgotten first.
 """
 
@@ -22,8 +24,8 @@ class FailureThrottle:
         *,
         window_s: float = 60.0,
         free_failures: int = 5,
-        block_after: int = 30,
-        max_delay_s: float = 2.0,
+        block_after: int = 20,
+        max_delay_s: float = 1.0,
         max_addresses: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -201,6 +201,22 @@ class KeyStore:
                                      .where(session_owners.c.session_id == session_id)).first()
         return None if row is None else SessionOwner(row.key_id, row.token_id)
 
+    def live_sessions(self, key_id: str) -> int:
+        """The key's sessions not yet ended (waiting and orphaned ones included)."""
+        with self._begin() as connection:
+            return int(connection.execute(
+                select(func.count()).select_from(session_owners)
+                .where(session_owners.c.key_id == key_id,
+                       session_owners.c.ended_at.is_(None))).scalar_one())
+
+    def starts_since(self, key_id: str, since: float) -> list[float]:
+        """When the key's sessions started after `since`, oldest first."""
+        with self._begin() as connection:
+            return [row[0] for row in connection.execute(
+                select(session_owners.c.started_at)
+                .where(session_owners.c.key_id == key_id, session_owners.c.started_at > since)
+                .order_by(session_owners.c.started_at))]
+
     def sessions_started_by(self, token_id: str) -> int:
         with self._begin() as connection:
             return int(connection.execute(

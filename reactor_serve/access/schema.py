@@ -4,9 +4,19 @@ stores read and write. A change here comes with a migration under `migrations/`
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Double, Integer, MetaData, String, Table, Text
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Double,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    true,
+)
 
-__all__ = ["api_keys", "metadata", "session_owners", "signing_keys"]
+__all__ = ["api_keys", "metadata", "session_owners", "signing_keys", "usage_intervals"]
 
 metadata = MetaData()
 
@@ -47,4 +57,28 @@ session_owners = Table(
     Column("token_id", String(64), nullable=False),
     Column("model", String(128), nullable=False),
     Column("started_at", Double, nullable=False),
+    # Set when the session ends: until then it counts against its key's concurrency.
+    Column("ended_at", Double, nullable=True),
+    Column("end_reason", String(32), nullable=True),
+)
+
+usage_intervals = Table(
+    "usage_intervals",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("session_id", String(128), nullable=False, index=True),
+    # waiting, ready or orphaned: what the session was doing for the interval.
+    Column("state", String(16), nullable=False),
+    Column("started_at", Double, nullable=False),
+    # NULL while the interval is open.
+    Column("ended_at", Double, nullable=True, index=True),
+    # The last time the process holding the session said it was still in this state:
+    # an interval left open by a crash is closed here, losing at most one heartbeat.
+    Column("seen_at", Double, nullable=False),
+    Column("end_reason", String(32), nullable=True),
+    # Frames delivered to the client during the interval.
+    Column("frames", Integer, nullable=False, server_default="0"),
+    # Whether a model slot (a replica, or `reactor run`'s one session) was held: a
+    # session waiting in Serve's admission queue holds none.
+    Column("held", Boolean, nullable=False, server_default=true()),
 )

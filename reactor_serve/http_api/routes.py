@@ -358,9 +358,11 @@ def session_routes(
     async def start(request: Request, b: SessionBackend, body: Any) -> SessionInfo:
         """A session started for this request, authorised and owned under access."""
         grant = _grant(request)
+        limit: float | None = None
         if access is not None and grant is not None:
-            await access.authorize_start(grant, b.spec.name)
-        info = await b.create_session(body.extra_args, _client(request), generation=body.generation)
+            limit = (await access.authorize_start(grant, b.spec.name)).max_duration_s
+        info = await b.create_session(body.extra_args, _client(request), generation=body.generation,
+                                      max_duration_s=limit)
         if access is not None and grant is not None:
             try:
                 await access.record_start(grant, b.spec.name, info.session_id)

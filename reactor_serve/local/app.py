@@ -29,6 +29,7 @@ from reactor_serve.http_api.pages import (
 )
 from reactor_serve.http_api.routes import add_session_middleware, session_routes
 from reactor_serve.http_api.tokens import token_routes
+from reactor_serve.http_api.usage import usage_routes
 from reactor_serve.rtc.settings import WebRTCSettings, WebRTCSettingsError
 from reactor_serve.sessions.recording.settings import RecordingSettings
 from reactor_serve.sessions.single_session import SingleSessionBackend
@@ -45,6 +46,7 @@ def create_app(
     auth_token: str | None = None,
     in_process: bool | None = None,
     access: AccessControl | None = None,
+    operator_token: str | None = None,
 ) -> FastAPI:
     """A FastAPI app serving the model in `model_dir` at the root.
 
@@ -57,7 +59,8 @@ def create_app(
     logged and the ModelLoadError kept in `app.state.load_error`.
 
     `access` requires API keys: `POST /tokens` mints tokens, and every session route
-    wants one (docs/access.md). The app closes it at shutdown.
+    wants one (docs/access.md); `GET /usage` answers whoever sends `operator_token`.
+    The app closes it at shutdown.
     """
     from reactor_serve import __version__
     from reactor_serve.runtime.host import ModelLoadError
@@ -76,6 +79,14 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # A caller may have loaded the model already (`reactor run` does, to report a
         # failing load before the server starts).
+        if access is not None:
+            # `reactor run` holds no session across a restart: whatever usage an
+            # earlier run left open ended with it, at its last heartbeat.
+            ledger = access.usage_ledger()
+            closed = await asyncio.to_thread(ledger.close_abandoned, lambda _sid: False)
+            if closed:
+                log.warning("closed %d usage interval(s) an earlier run left open", closed)
+            backend.events = ledger
         if not host.healthy:
             started = time.monotonic()
             try:
@@ -93,7 +104,7 @@ def create_app(
             await backend.aclose()
             await asyncio.to_thread(host.shutdown)
             if access is not None:
-                access.close()
+                await asyncio.to_thread(access.close)
 
     app = FastAPI(title=f"reactor-serve: {name}", version=__version__, lifespan=lifespan)
     app.state.backend = backend
@@ -107,6 +118,7 @@ def create_app(
     app.state.access = access
     if access is not None:
         app.include_router(token_routes(access, throttle))
+        app.include_router(usage_routes(access, operator_token))
     app.include_router(
         session_routes(lambda request: backend, server_version=__version__, access=access)
     )

@@ -51,6 +51,8 @@ class EndReason:
     ERROR = "error"
     TIMEOUT = "timeout"
     SHUTDOWN = "shutdown"
+    # The session reached the longest its API key or token allows.
+    LIMIT = "limit"
 
 
 class SessionSink(Protocol):

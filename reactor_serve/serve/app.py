@@ -38,6 +38,11 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
     cluster = discover_cluster_gpus()
     models: list[dict[str, Any]] = []
     handles: dict[str, Application] = {}
+    # Opened here first: a database that cannot be reached or migrated, or a missing
+    # secret, fails `serve run` at once, naming what to fix. Each ingress replica, and
+    # each model replica for its usage, then opens its own connection to it.
+    access = (AccessControl.open(args.database_url, auth_secret=args.auth_secret)
+              if args.auth == "required" else None)
     for index, entry in enumerate(args.models):
         path = entry.resolved_path(base)
         manifest = load_manifest(path)
@@ -61,16 +66,12 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
             admission_timeout_s=entry.admission_timeout_s,
             recording=entry.recording_settings(manifest.config).model_dump(mode="json"),
             uploads=entry.upload_settings(manifest.config).model_dump(mode="json"),
+            usage_database=access.store.database.url_with_password if access else None,
         )
         # Only what names the model: its settings travel with its own deployment.
         # (Serve still restarts every deployment when the app's args change; the
         # ingress holds nothing, and busy replicas drain, so live sessions go on.)
         models.append({"name": name, "path": str(path)})
-    # Opened here first: a database that cannot be reached or migrated, or a missing
-    # secret, fails `serve run` at once, naming what to fix. Each ingress replica then
-    # opens its own connection to it.
-    access = (AccessControl.open(args.database_url, auth_secret=args.auth_secret)
-              if args.auth == "required" else None)
     ingress = make_ingress(args.auth_token, args.operator_token, access).options(
         # Stateless (sessions live in their replicas, records in the GCS): two or more
         # replicas, so killing or redeploying one never leaves clients waiting.

@@ -31,6 +31,7 @@ from reactor_serve.access.failure_throttle import FailureThrottle
 from reactor_serve.http_api.pages import PICKER_PAGE, model_pages, page_response
 from reactor_serve.http_api.routes import add_session_middleware, session_routes
 from reactor_serve.http_api.tokens import token_routes
+from reactor_serve.http_api.usage import usage_routes
 from reactor_serve.protocol import model_documents
 from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.runtime.loading.model_spec import inspect_model
@@ -104,6 +105,7 @@ def make_ingress(
         # At the root and under each model: an SDK's api_url may be either.
         app.include_router(token_routes(access, throttle))
         app.include_router(token_routes(access, throttle), prefix="/models/{name}")
+        app.include_router(usage_routes(access, operator_token))
     app.include_router(session_routes(model_backend, server_version=__version__, access=access),
                        prefix="/models/{name}")
     app.include_router(session_routes(root_backend, server_version=__version__, access=access))
@@ -165,6 +167,9 @@ def make_ingress(
             metrics = IngressMetrics()
             self.app_name = serve.get_replica_context().app_name
             directory = SessionDirectory(self.app_name)
+            if access is not None:
+                # The waits and the ends no replica reports, in the usage ledger.
+                directory.events = access.usage_ledger(holds_slot=False)
             self.backends = _live_backends()
             # The holder named in the records of the slot waits this replica holds.
             actor_name = ray.get_runtime_context().get_actor_name()

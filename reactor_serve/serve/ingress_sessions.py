@@ -117,7 +117,12 @@ class IngressSessions:
     # ---- SessionBackend -----------------------------------------------------------
 
     async def create_session(
-        self, extra_args: dict[str, Any], client: ClientIdentity, *, generation: str = "streamed"
+        self,
+        extra_args: dict[str, Any],
+        client: ClientIdentity,
+        *,
+        generation: str = "streamed",
+        max_duration_s: float | None = None,
     ) -> SessionInfo:
         check_steppable(self._spec, generation)
         await self._deployment.check_available()
@@ -127,7 +132,12 @@ class IngressSessions:
             "model": self._spec.name, "created_at": now, "extra_args": extra_args,
             "client": client.digest, "state": SessionState.CREATED, "next_cid": 1,
             "generation": generation,
+            # Fixed here, in wall-clock time: the time spent waiting for a slot counts.
+            "ends_at": now + max_duration_s if max_duration_s is not None else None,
         })
+        if self._directory.events is not None:
+            # Waiting for a slot, holding none: its replica takes over from "created".
+            self._directory.events.session_state(session_id, SessionState.WAITING, now)
         return SessionInfo(session_id, SessionState.CREATED, now, dict(extra_args),
                            generation=generation)
 

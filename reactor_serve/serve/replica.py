@@ -27,6 +27,8 @@ import logging
 import time
 from typing import Any, AsyncIterator
 
+from reactor_serve.access.database import open_database
+from reactor_serve.access.usage_ledger import UsageLedger
 from reactor_serve.protocol.errors import BackendError
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime.isolation.model_process import hosted_model
@@ -64,6 +66,7 @@ class ModelReplica:
         admission_timeout_s: float = 60.0,
         recording: dict[str, Any] | None = None,
         uploads: dict[str, Any] | None = None,
+        usage_database: str | None = None,
     ) -> None:
         self.model_name = model_name
         self._identity = _replica_identity()
@@ -85,6 +88,11 @@ class ModelReplica:
         # Its upload bounds (config and serve_config.yaml, validated by the app builder).
         if uploads is not None:
             self.sessions.upload_settings = UploadSettings.model_validate(uploads)
+        # With auth required: every state change of its sessions, in the usage ledger.
+        self._ledger = None
+        if usage_database is not None:
+            self._ledger = UsageLedger(open_database(usage_database))
+            self.sessions.events = self._ledger
         self.sessions_started = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._metrics = metrics.ReplicaMetrics(model_name)
@@ -133,6 +141,7 @@ class ModelReplica:
                 ClientIdentity(str(record.get("client") or "")),
                 session_id=session_id,
                 generation=str(record.get("generation") or "streamed"),
+                ends_at=record.get("ends_at"),
             )
         except BackendError as exc:
             yield _rejected(exc)
@@ -331,6 +340,9 @@ class ModelReplica:
             self.host.shutdown()
         except Exception:
             pass
+        if self._ledger is not None:
+            # What the session's end wrote is flushed before the process goes.
+            self._ledger.close(timeout=10.0)
 
 
 def control_call(actor_self: Any, op: str, session_id: str, args: dict[str, Any]) -> dict[str, Any]:

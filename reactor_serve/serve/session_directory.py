@@ -21,6 +21,8 @@ import secrets
 import time
 from typing import Any
 
+from reactor_serve.sessions.contract import SessionEvents, SessionState
+
 __all__ = ["SessionDirectory", "SessionRecord"]
 
 _NAMESPACE = "reactor_serve"
@@ -64,6 +66,9 @@ class SessionDirectory:
         # is placed: written apart from the record, so that a candidate request on one
         # ingress replica never overwrites an offer written by another.
         self._early_prefix = f"{app_name}/early-candidates/"
+        # Told each session this directory ends (usage metering, in the ingress): the
+        # ends of sessions no replica ran, and of those whose replica died.
+        self.events: SessionEvents | None = None
 
     def _key(self, session_id: str) -> bytes:
         return (self._prefix + session_id).encode()
@@ -103,8 +108,11 @@ class SessionDirectory:
         record = await self.get(session_id)
         if record is None or record.get("state") == "ended":
             return
-        record.update(state="ended", end_reason=reason, end_message=message, ended_at=time.time())
+        ended_at = time.time()
+        record.update(state="ended", end_reason=reason, end_message=message, ended_at=ended_at)
         await self.put(session_id, record)
+        if self.events is not None:
+            self.events.session_state(session_id, SessionState.ENDED, ended_at, reason=reason)
         # The session's uploads went with it (on its replica); so do their ids.
         await self.drop_uploads_of(session_id)
         await self.drop_early_candidates(session_id)

@@ -21,6 +21,7 @@ __all__ = [
     "ClipBackend",
     "SdpAnswer",
     "SessionBackend",
+    "SessionEvents",
     "SessionInfo",
     "SessionState",
     "StepBackend",
@@ -43,6 +44,16 @@ class SessionState:
     STREAMING = "streaming"
     ORPHANED = "orphaned"
     ENDED = "ended"
+
+
+class SessionEvents(Protocol):
+    """Told every state change of every session, for usage metering. Called on the
+    server's loop and must not block it (queue the work)."""
+
+    def session_state(self, session_id: str, state: str, at: float, *,
+                      reason: str | None = None, frames: int = 0) -> None:
+        """`state` (a `SessionState`) since `at` (wall-clock seconds); `reason` with
+        `ended`; `frames`: the session's frames delivered so far."""
 
 
 @dataclass(frozen=True)
@@ -110,11 +121,17 @@ class SessionBackend(Protocol):
         """The model's spec (tracks, commands, fps), for descriptors and schemas."""
 
     async def create_session(
-        self, extra_args: dict[str, Any], client: ClientIdentity, *, generation: str = "streamed"
+        self,
+        extra_args: dict[str, Any],
+        client: ClientIdentity,
+        *,
+        generation: str = "streamed",
+        max_duration_s: float | None = None,
     ) -> SessionInfo:
         """Reserve a session in state `created` (`generation`: "streamed" or
-        "stepped"). Raises ModelBusy / ModelUnavailable, and OfferRejected for a
-        stepped session of a model that cannot step."""
+        "stepped"). `max_duration_s`: from now, the session ends with reason `limit`
+        (an API key's or token's limit). Raises ModelBusy / ModelUnavailable, and
+        OfferRejected for a stepped session of a model that cannot step."""
 
     async def get_session(self, session_id: str) -> SessionInfo:
         """The session, ended ones included for a while (with their end reason).

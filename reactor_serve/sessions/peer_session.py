@@ -684,6 +684,17 @@ class PeerSession:
         elif (envelope.get("data") or {}).get("type") != "commandAccepted":
             self._outbox.send(text)
 
+    def send_message(self, payload: dict[str, Any]) -> None:
+        """An application-scope message to the client, as a model's `send` makes one
+        (`{"type", "data"}`): the server's own notices, such as a time limit nearing.
+        Held until the channel opens, like every message."""
+        try:
+            text = channel_codec.application(payload)
+        except channel_codec.ProtocolError:
+            log.exception("session %s: a %s message is not JSON", self.id, payload.get("type"))
+            return
+        self._emit({"scope": "application", "data": payload}, text)
+
     def _emit_runtime(self, type_: str, data: dict[str, Any]) -> None:
         try:
             text = channel_codec.runtime(type_, data)

@@ -40,6 +40,7 @@ from reactor_serve.sessions.contract import (
     AnswerPending,
     ClientIdentity,
     SdpAnswer,
+    SessionEvents,
     SessionInfo,
     SessionState,
     mask_session_id,
@@ -48,6 +49,7 @@ from reactor_serve.sessions.negotiations import Negotiations
 from reactor_serve.sessions.recording.served_clips import ServedClips
 from reactor_serve.sessions.session_steps import check_steppable
 from reactor_serve.sessions.step_store import StepSettings, StepStore
+from reactor_serve.sessions.time_limit import TimeLimit
 from reactor_serve.sessions.uploads.settings import UploadSettings
 from reactor_serve.sessions.uploads.store import SessionUploads
 from reactor_serve.sessions.viewers.links import ViewerLinks
@@ -93,6 +95,7 @@ class _Slot:
         self.closing: asyncio.Task[None] | None = None
         # A stepped session's kept steps; they outlive it as long as its record does.
         self.steps: StepStore | None = None
+        self.time_limit: TimeLimit | None = None
 
     def ended_error(self) -> UnknownSession:
         return session_ended(self.info.session_id, self.info.end_reason, self.info.end_message)
@@ -159,6 +162,8 @@ class SingleSessionBackend:
         self.step_settings = StepSettings.from_config(
             getattr(host, "config", None), source=f"model {host.spec.name}"
         )
+        # Told each session's state changes (usage metering); None: nobody listens.
+        self.events: SessionEvents | None = None
         self._current: _Slot | None = None
         self._ended: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
         # Tasks we start, referenced until done (the loop keeps weak references).
@@ -191,9 +196,14 @@ class SingleSessionBackend:
         *,
         session_id: str | None = None,
         generation: str = "streamed",
+        max_duration_s: float | None = None,
+        ends_at: float | None = None,
     ) -> SessionInfo:
         """Reserve the one session (state `created`). `session_id`: an id chosen by
-        the caller (a Serve replica takes the ingress's), else a fresh random one."""
+        the caller (a Serve replica takes the ingress's), else a fresh random one.
+        `max_duration_s` (from now) or `ends_at` (wall-clock seconds, as the ingress
+        fixed it when the session was created): when the session is ended with
+        `sessionEnded{reason: "limit"}`, warned a minute before (sessions/time_limit.py)."""
         check_steppable(self.spec, generation)
         if not self._host.healthy:
             error = self._host.load_error
@@ -242,6 +252,14 @@ class SingleSessionBackend:
         )
         slot.steps = steps
         self._arm_expiry(slot)
+        self._tell(slot, SessionState.CREATED)
+        if max_duration_s is not None and ends_at is None:
+            ends_at = info.created_at + max_duration_s
+        if ends_at is not None:
+            slot.time_limit = TimeLimit(
+                ends_at, warn=peer.send_message,
+                end=lambda message: self.end_session(sid, EndReason.LIMIT, message))
+            slot.time_limit.start()
         return _snapshot(slot)
 
     async def get_session(self, session_id: str) -> SessionInfo:
@@ -609,8 +627,25 @@ class SingleSessionBackend:
 
     def _on_peer_state(self, peer: PeerSession, state: str) -> None:
         slot = self._slot_of(peer)
-        if slot is not None and state != SessionState.ENDED:
+        if slot is not None and state != SessionState.ENDED and state != slot.info.state:
             slot.info.state = state
+            self._tell(slot, state)
+
+    def _tell(self, slot: _Slot, state: str) -> None:
+        events = self.events
+        if events is None:
+            return
+        frames = 0
+        try:
+            if slot.peer is not None:
+                frames = int(slot.peer.stats().get("presented") or 0)
+        except Exception:
+            log.debug("no frame count for a state change", exc_info=True)
+        try:
+            events.session_state(slot.info.session_id, state, time.time(),
+                                 reason=slot.info.end_reason, frames=frames)
+        except Exception:
+            log.exception("the session events listener failed")
 
     def _on_peer_end(self, peer: PeerSession) -> None:
         # The peer ended on its own (client gone past the grace, watchdog, model ended
@@ -624,6 +659,10 @@ class SingleSessionBackend:
         self._release(slot)
 
     def _release(self, slot: _Slot) -> None:
+        if slot.time_limit is not None:
+            slot.time_limit.cancel()
+        if slot.info.state != SessionState.ENDED:
+            self._tell(slot, SessionState.ENDED)
         self.viewer_links.forget(slot)
         # Uploaded bytes go with the session, whatever ended it.
         slot.uploads.clear()

@@ -19,7 +19,12 @@ from asgi_calls import client
 from paths import TEST_MODELS
 
 from reactor_serve.http_api.routes import session_app
-from reactor_serve.protocol.errors import ClipGone, ModelBusy, OfferRejected, UnknownSession
+from reactor_serve.protocol.errors import (
+    ClipGone,
+    ModelBusy,
+    OfferRejected,
+    UnknownSession,
+)
 from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.runtime.loading.model_spec import ModelSpec, inspect_model
 from reactor_serve.sessions.contract import AnswerPending, ClientIdentity, SessionInfo
@@ -106,7 +111,8 @@ class FakeBackend:
         return [s for s in self.sessions.values() if s.state != "ended"]
 
     async def create_session(
-        self, extra_args: dict[str, Any], client: ClientIdentity, *, generation: str = "streamed"
+        self, extra_args: dict[str, Any], client: ClientIdentity, *, generation: str = "streamed",
+        max_duration_s: float | None = None,
     ) -> SessionInfo:
         self._call("create_session", extra_args, client)
         if len(self._live()) >= self.max_sessions:

@@ -8,8 +8,9 @@ expired or revoked token is a 401 naming why. An address that keeps failing is
 answered ever more slowly and then, for a while, 429 with `Retry-After`.
 
 Public: health, the web client's static files and pages (so a browser can load the
-page that asks for a key), viewer links (the link is the viewer's credential), and
-`POST /tokens` (it authenticates by API key itself).
+page that asks for a key), viewer links (the link is the viewer's credential),
+`POST /tokens` (it authenticates by API key itself) and `GET /usage` (by the operator
+token).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ _BASE = r"(?:/models/[^/]+)?"
 ACCESS_PUBLIC_PATHS: tuple[str, ...] = (
     *DEFAULT_PUBLIC_PATHS,
     rf"{_BASE}/tokens",
+    # Operators' usage: guarded by the operator token, not a client's.
+    r"/usage",
     rf"{_BASE}/watch/[^/]+(?:/[^/]+)?",
     # The pages: the player, the model picker, the doctor. Their API calls carry the token.
     rf"{_BASE}/?",

@@ -17,6 +17,7 @@ from reactor_serve.access.access_control import AccessControl
 from reactor_serve.access.api_keys import KeyLimits
 
 GRADIENT = "examples/gradient"
+OPERATOR = "operator-secret"
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def server(access_db):
     from conftest import DevServer
 
     access = AccessControl.open(access_db, key_ttl_s=0.5)
-    with DevServer(GRADIENT, access=access) as served:
+    with DevServer(GRADIENT, access=access, operator_token=OPERATOR) as served:
         served.access = access
         yield served
 
@@ -273,12 +274,99 @@ def test_public_paths_and_pages_need_no_token(server):
     assert httpx.get(f"{server.url}/openapi.json").status_code == 401
 
 
+def start(server, token):
+    return httpx.post(f"{server.url}/sessions", headers=bearer(token),
+                      json={"model": {"name": "gradient"}}, timeout=30)
+
+
+def delete_and_settle(server, token, sid):
+    assert httpx.delete(f"{server.url}/sessions/{sid}", headers=bearer(token),
+                        timeout=30).status_code == 200
+    # The end reaches the usage ledger's database on its thread.
+    assert server.access.usage_ledger().flush()
+
+
+def test_concurrent_sessions_are_held_to_the_keys_quota(server):
+    key = new_key(server, "one-at-a-time", max_concurrent=1)
+    token = mint(server, key).json()["jwt"]
+    first = start(server, token)
+    assert first.status_code == 201, first.text
+    assert server.access.usage_ledger().flush()
+    refused = start(server, token)
+    assert refused.status_code == 429, refused.text
+    assert "max_concurrent" in refused.json()["detail"]
+    assert int(refused.headers["retry-after"]) >= 1
+    delete_and_settle(server, token, first.json()["session_id"])
+    again = start(server, token)
+    assert again.status_code == 201, again.text
+    delete_and_settle(server, token, again.json()["session_id"])
+
+
+def test_session_starts_are_held_to_the_keys_rate(server):
+    key = new_key(server, "two-a-minute", starts_per_minute=2)
+    token = mint(server, key).json()["jwt"]
+    for _ in range(2):
+        started = start(server, token)
+        assert started.status_code == 201, started.text
+        delete_and_settle(server, token, started.json()["session_id"])
+    refused = start(server, token)
+    assert refused.status_code == 429 and "starts_per_minute" in refused.json()["detail"]
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+
+
+@pytest.mark.parametrize("key_limit, token_limit", [(3, None), (100, 3), (3, 100)])
+async def test_a_session_ends_at_the_lower_of_the_keys_and_the_tokens_limit(
+        server, key_limit, token_limit):
+    from reactor_serve.client import connect
+
+    key = new_key(server, "short", max_session_s=key_limit)
+    body = None if token_limit is None else {"authorization_details": [{
+        "type": "session", "resources": {"models": {"match": ["gradient"]}},
+        "constraints": {"max_session_duration_seconds": token_limit}}]}
+    token = mint(server, key, body).json()["jwt"]
+    started = time.monotonic()
+    client = await connect(server.url, token=token)
+    try:
+        warning = await client.next_message("session_limit", scope="application", after=0,
+                                            timeout=10)
+        assert 0 < warning["data"]["seconds_left"] <= 3
+        assert await client.wait_closed(timeout=30) == "limit"
+        assert 2.5 < time.monotonic() - started < 15
+    finally:
+        await client.close()
+    assert server.access.usage_ledger().flush()
+
+
+def test_usage_is_reported_to_the_operator_per_key(server):
+    key = new_key(server, "metered")
+    key_id = key.split("_")[1]
+    token = mint(server, key).json()["jwt"]
+    started = start(server, token)
+    assert started.status_code == 201
+    time.sleep(1.0)
+    delete_and_settle(server, token, started.json()["session_id"])
+    refused = httpx.get(f"{server.url}/usage", params={"key": key_id})
+    assert refused.status_code == 403
+    answer = httpx.get(f"{server.url}/usage", params={"key": key_id},
+                       headers={"X-Operator-Token": OPERATOR})
+    assert answer.status_code == 200, answer.text
+    [row] = answer.json()["usage"]
+    assert row["key_id"] == key_id and row["model"] == "gradient" and row["sessions"] == 1
+    total = row["waiting_s"] + row["ready_s"] + row["orphaned_s"]
+    assert 0.9 < total < 10 and row["replica_s"] == pytest.approx(total, abs=0.01)
+    for params in ({"from": "yesterday"}, {"from": "nan"}, {"key": "../x"},
+                   {"from": "2030-01-01", "to": "2020-01-01"}, {"to": "9" * 50}):
+        bad = httpx.get(f"{server.url}/usage", params=params,
+                        headers={"X-Operator-Token": OPERATOR})
+        assert bad.status_code == 400, (params, bad.text)
+
+
 def test_repeated_bad_keys_from_one_address_are_slowed_then_refused(server):
     # A server of its own would be cleaner; the throttle is per address and this
     # test runs last in the module (it blocks 127.0.0.1 for a minute).
     bad = "rsk_" + "1" * 16 + "_" + "B" * 43
     started = time.monotonic()
-    statuses = [mint(server, bad).status_code for _ in range(31)]
+    statuses = [mint(server, bad).status_code for _ in range(21)]
     assert statuses[0] == 401 and statuses[-1] == 429
     assert time.monotonic() - started > 1.0  # answers were held back
     blocked = mint(server, bad)
