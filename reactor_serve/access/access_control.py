@@ -29,7 +29,7 @@ from reactor_serve.access.tokens import (
     TokenRejected,
     TokenSigner,
     TokenVerifier,
-    unverified_kid,
+    UnknownSigningKey,
 )
 from reactor_serve.access.usage_ledger import UsageLedger
 
@@ -52,6 +52,8 @@ _OWNERS_CACHED = 100_000
 # A session held to its key's concurrency frees a place only when one ends: a client
 # told to come back sooner would only be refused again.
 _CONCURRENCY_RETRY_S = 5.0
+# How long a key's cached record may stand in for the database while it is away.
+_STALE_KEY_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -171,10 +173,11 @@ class AccessControl:
                 401, "a token is required: send 'Authorization: Bearer <token>' "
                      "(POST /tokens with your API key mints one)")
         try:
-            kid = unverified_kid(token)
-            if not self._verifier.knows(kid):
+            try:
+                grant = self._verifier.verify(token)
+            except UnknownSigningKey:
                 await self._refresh_kids(force=False)
-            grant = self._verifier.verify(token)
+                grant = self._verifier.verify(token)
         except TokenRejected as exc:
             raise AccessDenied(401, exc.reason) from None
         key = await self._key(grant.key_id)
@@ -240,7 +243,15 @@ class AccessControl:
         now = self._clock()
         if cached is not None and now - cached[1] < self.key_ttl_s:
             return cached[0]
-        key = await self._db(self.store.get, key_id)
+        try:
+            key = await self._db(self.store.get, key_id)
+        except AccessDenied:
+            # The database is away: a key read recently enough still stands, so live
+            # clients keep working through a database restart (a revocation made
+            # meanwhile takes effect once it is back).
+            if cached is not None and now - cached[1] < _STALE_KEY_S:
+                return cached[0]
+            raise
         self._keys[key_id] = (key, now)
         return key
 
@@ -275,8 +286,10 @@ class AccessControl:
         self._kids_read_at = now
         kids = await self._db(self.store.signing_kids)
         secret = self.store.secret
-        self._verifier = TokenVerifier(
-            {kid: secret.signing_key(kid) for kid in kids}, clock=self._clock)
+        if frozenset(kids) != self._verifier.kids:
+            # A new verifier (its remembered tokens too) only when the keys changed.
+            self._verifier = TokenVerifier(
+                {kid: secret.signing_key(kid) for kid in kids}, clock=self._clock)
         current = next((kid for kid, retire_at in sorted(kids.items()) if retire_at is None),
                        None)
         if current is not None:

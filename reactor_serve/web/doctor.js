@@ -8,7 +8,9 @@
 //   relay   the session's TURN servers with iceTransportPolicy "relay"
 // A path is ok once ICE connected and media arrived (a decoded video frame, or a
 // data-channel message when the model has no video output).
-import { SessionError, candidatesReady, errorOf, readJson, sleep } from "./session.js";
+import {
+  SessionError, authorized, candidatesReady, errorOf, readJson, sleep,
+} from "./session.js";
 
 const PATHS = ["direct", "stun", "relay"];
 const SCHEMES = { direct: [], stun: ["stun", "stuns"], relay: ["turn", "turns"] };
@@ -47,7 +49,8 @@ async function request(method, path, body) {
   }
   let response;
   try {
-    response = await fetch(`${baseUrl}${path}`, init);
+    // The player's token for this tab, where the deployment wants one.
+    response = await fetch(`${baseUrl}${path}`, authorized(init));
   } catch (err) {
     throw new SessionError(`cannot reach the server: ${err.message}`);
   }
@@ -236,7 +239,7 @@ function gatheringDone(pc) {
 async function pollAnswer(path, connectionId) {
   const deadline = performance.now() + ANSWER_TIMEOUT_MS;
   for (let polls = 0; performance.now() < deadline; polls++) {
-    const response = await fetch(`${baseUrl}${path}`);
+    const response = await fetch(`${baseUrl}${path}`, authorized());
     const body = await readJson(response);
     if (response.status === 200) {
       // An answer naming another connection is a stale one.

@@ -2,7 +2,7 @@
 // (`/models/{name}/` on the Serve ingress, `/` under `reactor run`).
 import { Controls, commandsOf, el } from "./controls.js";
 import { InputSource } from "./inputs.js";
-import { ReactorSession } from "./session.js";
+import { ReactorSession, authorized, setAccessToken, tokenFrom } from "./session.js";
 import { ConnectionMeter, FrameMeter, renderStats } from "./stats.js";
 import { ViewerSession } from "./viewer_session.js";
 
@@ -75,6 +75,32 @@ session.addEventListener("stats", ({ detail }) => {
   serverStats = detail;
 });
 
+// ------------------------------------------------------------------ access
+
+function askForAccess(why) {
+  setAccessToken(null);
+  $("access").hidden = false;
+  $("access-error").textContent = why;
+  $("access-key").focus();
+}
+
+$("access").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const typed = $("access-key").value;
+  if (!typed.trim()) return;
+  $("access-submit").disabled = true;
+  try {
+    setAccessToken(await tokenFrom(baseUrl, typed));
+    $("access-key").value = "";
+    $("access-error").textContent = "";
+    await start();
+  } catch (err) {
+    $("access-error").textContent = err.message;
+  } finally {
+    $("access-submit").disabled = false;
+  }
+});
+
 // ------------------------------------------------------------------ start
 
 let creating = null; // session.create() in progress: its id is not known yet
@@ -84,11 +110,14 @@ async function start() {
   creating = session.create();
   try {
     await creating;
-  } catch {
+  } catch (err) {
+    // A deployment with API keys: no token yet, or one that expired or was revoked.
+    if (err.status === 401) askForAccess(err.message);
     return;
   } finally {
     creating = null;
   }
+  $("access").hidden = true;
   const { model, capabilities } = session.descriptor;
   $("model-name").textContent = model.name;
   document.title = `${model.name} · reactor-serve`;
@@ -290,7 +319,8 @@ function setUpSharing() {
     const field = $("share-link");
     try {
       if (!session.sessionId) throw new Error("start a session first");
-      const response = await fetch(`${baseUrl}/sessions/${session.sessionId}/viewers`, { method: "POST" });
+      const response = await fetch(`${baseUrl}/sessions/${session.sessionId}/viewers`,
+                                   authorized({ method: "POST" }));
       const body = await response.json().catch(() => ({}));
       if (response.status !== 201) throw new Error(body.detail || `${response.status}`);
       field.value = body.url;

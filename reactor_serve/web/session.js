@@ -272,7 +272,7 @@ export class ReactorSession extends EventTarget {
     let pendingSince = performance.now();
     let polls = 0;
     for (;;) {
-      const response = await fetch(this._url(path));
+      const response = await fetch(this._url(path), authorized());
       const body = await readJson(response);
       if (generation !== this._generation) throw new Superseded();
       if (response.status === 200) return body.sdp_answer;
@@ -399,7 +399,7 @@ export class ReactorSession extends EventTarget {
     const path = `/session?session_id=${encodeURIComponent(this.sessionId)}`;
     let response;
     try {
-      response = await fetch(this._url(path));
+      response = await fetch(this._url(path), authorized());
     } catch (err) {
       throw new SessionError(`cannot reach the server: ${err.message}`);
     }
@@ -502,12 +502,12 @@ export class ReactorSession extends EventTarget {
   // ------------------------------------------------------------------ HTTP
 
   _endOnServer(sessionId, keepalive) {
-    fetch(this._url("/stop_session"), {
+    fetch(this._url("/stop_session"), authorized({
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ session_id: sessionId }),
       keepalive, // a closing tab's request outlives the page
-    }).catch(() => {});
+    })).catch(() => {});
   }
 
   _url(path) {
@@ -522,7 +522,7 @@ export class ReactorSession extends EventTarget {
     }
     let response;
     try {
-      response = await fetch(this._url(path), init);
+      response = await fetch(this._url(path), authorized(init));
     } catch (err) {
       throw new SessionError(`cannot reach the server: ${err.message}`);
     }
@@ -530,6 +530,59 @@ export class ReactorSession extends EventTarget {
     if (!response.ok) throw errorOf(response, data);
     return data;
   }
+}
+
+// ------------------------------------------------------------------ access tokens
+
+// A deployment with API keys wants a token on every session request. The page keeps
+// the token (never the key it was minted from) for this tab only: it goes when the
+// tab does, and an expired one is asked for again.
+const TOKEN_STORAGE = "reactor-serve.token";
+
+export function accessToken() {
+  try {
+    return sessionStorage.getItem(TOKEN_STORAGE);
+  } catch {
+    return null; // storage refused (a sandboxed frame): no token
+  }
+}
+
+export function setAccessToken(token) {
+  try {
+    if (token) sessionStorage.setItem(TOKEN_STORAGE, token);
+    else sessionStorage.removeItem(TOKEN_STORAGE);
+  } catch {
+    // nothing to keep it in: the next request asks again
+  }
+}
+
+/** `init` for fetch with the tab's token, when it has one, as a bearer. */
+export function authorized(init = {}) {
+  const token = accessToken();
+  if (!token) return init;
+  return { ...init, headers: { ...(init.headers || {}), Authorization: `Bearer ${token}` } };
+}
+
+/**
+ * A token from what the user typed: an API key (`rsk_...`) is exchanged at the
+ * base's `POST /tokens`; anything else is taken as a token already minted.
+ */
+export async function tokenFrom(baseUrl, typed) {
+  const text = typed.trim();
+  if (!text.startsWith("rsk_")) return text;
+  let response;
+  try {
+    response = await fetch(`${baseUrl}/tokens`, {
+      method: "POST",
+      headers: { "Reactor-API-Key": text, "Content-Type": "application/json" },
+      body: "null",
+    });
+  } catch (err) {
+    throw new SessionError(`cannot reach the server: ${err.message}`);
+  }
+  const body = await readJson(response);
+  if (!response.ok || typeof body.jwt !== "string") throw errorOf(response, body);
+  return body.jwt;
 }
 
 export function errorOf(response, body) {

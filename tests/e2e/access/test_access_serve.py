@@ -105,3 +105,119 @@ def test_tokens_reach_only_their_keys_sessions_through_serve(deployed):
     finally:
         httpx.delete(f"{app}/models/gradient/sessions/{sid}", headers=bearer(alice_token),
                      timeout=30)
+
+
+def replica_actors(app, deployment):
+    import ray
+
+    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["name"].startswith(prefix))
+
+
+def database_of(url):
+    return url.rsplit("/", 1)[1]
+
+
+def cut_database(postgres, url, allow):
+    """Refuse (or allow again) new connections to the test's database, and end every
+    connection open to it now: what a database restart looks like to its clients."""
+    import psycopg
+
+    name = database_of(url)
+    with psycopg.connect(postgres.url(), autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allow else "false"}')
+        if not allow:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+
+
+async def stream_session(http, base, token, during):
+    """A real WebRTC session over the raw routes, `during()` awaited while it streams;
+    the session's time as the client measures it: from sending the start to the
+    stop's answer."""
+    from reactor_serve.client.peer import ClientPeer
+
+    auth = {"Authorization": f"Bearer {token}"}
+    began = time.time()
+    started = await http.post(f"{base}/sessions", json={"model": {"name": "gradient"}},
+                              headers=auth)
+    assert started.status_code == 201, started.text
+    descriptor = started.json()
+    sid = descriptor["session_id"]
+    url = f"{base}/sessions/{sid}/transport/webrtc/sdp_params"
+
+    async def signal(sdp_offer, track_mapping):
+        offered = await http.post(url, json={"sdp_offer": sdp_offer,
+                                             "track_mapping": track_mapping}, headers=auth)
+        assert offered.status_code == 202, offered.text
+        while True:
+            answer = await http.get(url, headers=auth)
+            if answer.status_code == 200:
+                return answer.json()["sdp_answer"]
+            assert answer.status_code == 202, answer.text
+            await asyncio.sleep(0.05)
+
+    peer = ClientPeer(descriptor["capabilities"])
+    try:
+        await peer.connect(signal, timeout=60)
+        await peer.wait_for(lambda: peer.frames_received > 0, 60, "a frame")
+        await during(peer)
+        stopped = await http.delete(f"{base}/sessions/{sid}", headers=auth)
+        measured = time.time() - began
+        assert stopped.status_code == 200, stopped.text
+    finally:
+        await peer.close()
+    return sid, measured
+
+
+@pytest.mark.timeout(300)
+async def test_usage_survives_an_ingress_kill_and_a_lost_database(deployed, postgres):
+    import ray
+    from sqlalchemy import text
+
+    app, access, url = deployed
+    _, key = access.store.create("restart")
+    base = f"{app}/models/gradient"
+    async with httpx.AsyncClient(timeout=60) as http:
+        minted = await http.post(f"{base}/tokens", headers={"Reactor-API-Key": key},
+                                 content=b"null")
+        token = minted.json()["jwt"]
+
+        async def faults(peer):
+            await asyncio.sleep(2)
+            # An ingress replica killed mid-session (Serve starts another).
+            [first, *_] = replica_actors("access", "ReactorIngress")
+            ray.kill(ray.get_actor(first, namespace="serve"), no_restart=True)
+            # The database gone for a while: every connection ended, none let in.
+            cut_database(postgres, url, allow=False)
+            await asyncio.sleep(4)
+            cut_database(postgres, url, allow=True)
+            frames = peer.frames_received
+            await peer.wait_for(lambda: peer.frames_received > frames + 10, 30, "frames")
+
+        try:
+            sid, measured = await stream_session(http, base, token, faults)
+        finally:
+            cut_database(postgres, url, allow=True)
+
+    def intervals():
+        with access.store.database.begin() as connection:
+            return connection.execute(text(
+                "SELECT state, started_at, ended_at FROM usage_intervals "
+                "WHERE session_id = :sid ORDER BY started_at"), {"sid": sid}).all()
+
+    deadline = time.monotonic() + 60
+    while not (rows := intervals()) or any(row.ended_at is None for row in rows):
+        assert time.monotonic() < deadline, f"usage never closed: {rows}"
+        await asyncio.sleep(0.5)
+    metered = sum(row.ended_at - row.started_at for row in rows)
+    assert {row.state for row in rows} >= {"waiting", "ready"}
+    assert abs(metered - measured) / measured <= 0.01, (metered, measured, rows)
+    # Back to two ingress replicas for the tests after this one.
+    from ray import serve
+    deadline = time.monotonic() + 90
+    while serve.status().applications["access"].deployments["ReactorIngress"] \
+            .replica_states.get("RUNNING") != 2:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.5)

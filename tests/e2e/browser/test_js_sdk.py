@@ -83,10 +83,11 @@ def _sdk_state(page):
         runtimeMessages: [...new Set(window.sdkTest.runtimeMessages)]}""")
 
 
-def _drive_sdk(page, page_url, api_url, live_sessions):
+def _drive_sdk(page, page_url, api_url, live_sessions, jwt=None):
     """Connect the SDK to `api_url`, check video and commands, disconnect.
 
-    `live_sessions()` counts the server's live sessions for this model.
+    `live_sessions()` counts the server's live sessions for this model. With `jwt`
+    the SDK runs its production flow (not local mode) with that token.
     """
     # Every HTTP error and failed request the page sees, CORS failures included.
     http_problems = []
@@ -97,7 +98,8 @@ def _drive_sdk(page, page_url, api_url, live_sessions):
     console_errors = []
     page.on("console", lambda m: m.type == "error" and console_errors.append(m.text))
 
-    page.goto(f"{page_url}?{urlencode({'apiUrl': api_url, 'modelName': 'gradient'})}")
+    query = {"apiUrl": api_url, "modelName": "gradient", **({"jwt": jwt} if jwt else {})}
+    page.goto(f"{page_url}?{urlencode(query)}")
 
     def ready():
         state = _sdk_state(page)
@@ -150,6 +152,31 @@ def test_js_sdk_against_reactor_run(page, sdk_page, reactor_run):
 
     try:
         _drive_sdk(page, sdk_page, run.url, live_sessions)
+    except BaseException:
+        print(f"reactor run output:\n{run.output()}")
+        raise
+
+
+def test_js_sdk_production_flow_with_a_token_against_reactor_run(page, sdk_page, reactor_run,
+                                                                 tmp_path):
+    from reactor_serve.access.access_control import AccessControl
+
+    url = f"sqlite:///{tmp_path / 'access.sqlite3'}"
+    access = AccessControl.open(url)
+    _, key = access.store.create("js-sdk")
+    access.close()
+    run = reactor_run(GRADIENT, "--auth", "required", "--database-url", url)
+    # What the developer's own server does with its key: mint a scoped token.
+    minted = httpx.post(f"{run.url}/tokens", headers={"Reactor-API-Key": key}, json={
+        "authorization_details": [{"type": "session",
+                                   "resources": {"models": {"match": ["gradient"]}}}]})
+    assert minted.status_code == 200, minted.text
+
+    def live_sessions():
+        return httpx.get(f"{run.url}/health", timeout=5).json()["live_sessions"]
+
+    try:
+        _drive_sdk(page, sdk_page, run.url, live_sessions, jwt=minted.json()["jwt"])
     except BaseException:
         print(f"reactor run output:\n{run.output()}")
         raise

@@ -1,5 +1,6 @@
-// The page tests/e2e/browser/test_js_sdk.py drives: the official Reactor JS SDK, unchanged, in
-// local mode against one of our servers. Open it as index.html?apiUrl=...&modelName=...
+// The page tests/e2e/browser/test_js_sdk.py drives: the official Reactor JS SDK, unchanged,
+// against one of our servers. Open it as index.html?apiUrl=...&modelName=... for local
+// mode, with &jwt=... for the production flow (a token minted from an API key).
 import { Reactor } from "@reactor-team/js-sdk";
 
 const params = new URLSearchParams(location.search);
@@ -7,7 +8,8 @@ const apiUrl = params.get("apiUrl");
 const modelName = params.get("modelName");
 const video = document.getElementById("video");
 
-const reactor = new Reactor({ modelName, local: true, apiUrl });
+const jwt = params.get("jwt");
+const reactor = new Reactor({ modelName, local: !jwt, apiUrl });
 
 // What the test reads back.
 const sdkTest = {
@@ -56,4 +58,5 @@ reactor.on("message", (message) => sdkTest.messages.push(message));
 reactor.on("runtimeMessage", (message) => sdkTest.runtimeMessages.push(message?.type));
 reactor.on("error", (error) => sdkTest.errors.push(`${error.code}: ${error.message}`));
 
-reactor.connect().catch((error) => sdkTest.errors.push(`connect() threw: ${error}`));
+(jwt ? reactor.connect(jwt) : reactor.connect())
+  .catch((error) => sdkTest.errors.push(`connect() threw: ${error}`));
