@@ -126,13 +126,18 @@ class AccessControl:
         url, secret, kwargs = self._opened_with
         return (_reopen, (url, secret, kwargs))
 
-    def usage_ledger(self, *, holds_slot: bool = True) -> UsageLedger:
+    def usage_ledger(
+        self,
+        *,
+        holds_slot: bool = True,
+        on_closed: Callable[[str, str, str, float, int], None] | None = None,
+    ) -> UsageLedger:
         """This process's ledger of session usage on the access database (one per
-        kind), closed with `close`."""
+        kind, `on_closed` given by its first caller), closed with `close`."""
         ledger = self._ledgers.get(holds_slot)
         if ledger is None:
             ledger = self._ledgers[holds_slot] = UsageLedger(
-                self.store.database, holds_slot=holds_slot)
+                self.store.database, holds_slot=holds_slot, on_closed=on_closed)
         return ledger
 
     def close(self) -> None:
@@ -226,10 +231,17 @@ class AccessControl:
         durations = [d for d in (limits.max_session_s, grant.max_session_s) if d is not None]
         return StartTerms(max_duration_s=float(min(durations)) if durations else None)
 
-    async def record_start(self, grant: Grant, model: str, session_id: str) -> None:
+    async def record_start(self, grant: Grant, model: str, session_id: str,
+                           requested_at: float | None = None) -> None:
+        """The session is the grant's key's (and token's). Its usage starts when it
+        was asked for (`requested_at`): the time spent checking the token and
+        reserving the session is the client's wait too."""
         owner = SessionOwner(grant.key_id, grant.token_id)
-        await self._db(self.store.record_owner, session_id, owner, model)
+        await self._db(self.store.record_owner, session_id, owner, model, requested_at)
         self._remember_owner(session_id, owner)
+        if requested_at is not None:
+            self.usage_ledger(holds_slot=False).session_state(
+                session_id, "waiting", requested_at)
 
     async def authorize_session(self, grant: Grant, session_id: str) -> None:
         owner = await self._owner(session_id)

@@ -189,11 +189,12 @@ class KeyStore:
 
     # ---- who started which session ----------------------------------------------------
 
-    def record_owner(self, session_id: str, owner: SessionOwner, model: str) -> None:
+    def record_owner(self, session_id: str, owner: SessionOwner, model: str,
+                     started_at: float | None = None) -> None:
         with self._begin() as connection:
             connection.execute(insert(session_owners).values(
                 session_id=session_id, key_id=owner.key_id, token_id=owner.token_id,
-                model=model, started_at=self._clock()))
+                model=model, started_at=self._clock() if started_at is None else started_at))
 
     def owner(self, session_id: str) -> SessionOwner | None:
         with self._begin() as connection:

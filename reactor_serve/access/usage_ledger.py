@@ -53,8 +53,13 @@ class UsageLedger:
         heartbeat_s: float = 5.0,
         retry_s: float = 1.0,
         clock: Callable[[], float] = time.time,
+        on_closed: Callable[[str, str, str, float, int], None] | None = None,
     ) -> None:
+        """`on_closed(key_id, model, state, seconds, frames)` is called (on the
+        ledger's thread) for each interval it closes of a session a key started:
+        metrics per key."""
         self.database = database
+        self.on_closed = on_closed
         self.holds_slot = holds_slot
         self.heartbeat_s = heartbeat_s
         self.retry_s = retry_s
@@ -130,16 +135,24 @@ class UsageLedger:
                 self._idle.set()
 
     def _write(self, change: _Change) -> bool:
+        closed: list[tuple[str, str, str, float, int]] = []
         try:
             with self.database.begin() as connection:
-                self._apply(connection, change)
+                self._apply(connection, change, closed)
         except DatabaseError as exc:
             log.warning("usage for session %s not written yet (retrying): %s",
                         change.session_id[:4], exc)
             return False
+        if self.on_closed is not None:
+            for interval in closed:
+                try:
+                    self.on_closed(*interval)
+                except Exception:
+                    log.exception("the usage listener failed")
         return True
 
-    def _apply(self, conn: Connection, change: _Change) -> None:
+    def _apply(self, conn: Connection, change: _Change,
+               closed: list[tuple[str, str, str, float, int]]) -> None:
         sid = change.session_id
         current = conn.execute(select(usage_intervals).where(
             usage_intervals.c.session_id == sid, usage_intervals.c.ended_at.is_(None))
@@ -165,6 +178,11 @@ class UsageLedger:
                          .values(ended_at=change.at, seen_at=change.at,
                                  end_reason=change.reason if ended else None,
                                  frames=current.frames + frames))
+            owner = conn.execute(select(session_owners.c.key_id, session_owners.c.model)
+                                 .where(session_owners.c.session_id == sid)).first()
+            if owner is not None:
+                closed.append((owner.key_id, owner.model, current.state,
+                               max(0.0, change.at - current.started_at), current.frames + frames))
         if ended:
             conn.execute(update(session_owners)
                          .where(and_(session_owners.c.session_id == sid,

@@ -27,6 +27,7 @@ import functools
 import logging
 import math
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -357,6 +358,7 @@ def session_routes(
 
     async def start(request: Request, b: SessionBackend, body: Any) -> SessionInfo:
         """A session started for this request, authorised and owned under access."""
+        requested_at = time.time()
         grant = _grant(request)
         limit: float | None = None
         if access is not None and grant is not None:
@@ -365,7 +367,7 @@ def session_routes(
                                       max_duration_s=limit)
         if access is not None and grant is not None:
             try:
-                await access.record_start(grant, b.spec.name, info.session_id)
+                await access.record_start(grant, b.spec.name, info.session_id, requested_at)
             except AccessDenied:
                 # A session nobody can be shown to own is one nobody may use: end it.
                 await b.stop_session(info.session_id)

@@ -188,8 +188,26 @@ def dashboard() -> dict[str, Any]:
             unit="short",
         ),
         _panel(
+            "Session-seconds per minute, by API key and state",
+            "Metered usage with auth required: seconds sessions spent waiting, ready "
+            "(what is billed) and orphaned, per key (the first 8 digits of its id), "
+            "counted as each interval closes.",
+            [(f"60 * sum by (application, model, key, state) "
+              f"(rate(ray_reactor_usage_seconds_total{{{_OURS}}}{_RATE}))",
+              "{{state}} {{key}} {{model}}")],
+            unit="s",
+        ),
+        _panel(
+            "Frames delivered per second, by API key",
+            "Frames sent to the sessions of each key, counted as each interval closes.",
+            [(f"sum by (application, model, key) "
+              f"(rate(ray_reactor_usage_frames_total{{{_OURS}}}{_RATE}))",
+              "{{key}} {{model}}")],
+            unit="short",
+        ),
+        _panel(
             "Sessions ended per minute, by reason",
-            "The sessionEnded reason: client_closed, model_ended, error, timeout, shutdown.",
+            "The sessionEnded reason: client_closed, model_ended, error, timeout, shutdown, limit.",
             [(f"60 * sum by (application, model, reason) "
               f"(rate(ray_reactor_sessions_ended_total{{{_OURS}}}{_RATE}))",
               "{{reason}} {{model}}")],

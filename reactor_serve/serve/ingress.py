@@ -38,7 +38,7 @@ from reactor_serve.runtime.loading.model_spec import inspect_model
 from reactor_serve.runtime.session import EndReason
 from reactor_serve.serve.grafana_dashboard import install_on_head
 from reactor_serve.serve.ingress_sessions import IngressSessions
-from reactor_serve.serve.metrics import IngressMetrics
+from reactor_serve.serve.metrics import IngressMetrics, UsageMetrics
 from reactor_serve.serve.session_directory import SessionDirectory
 from reactor_serve.sessions.uploads.settings import MAX_FILE_BYTES_CEILING
 
@@ -169,7 +169,8 @@ def make_ingress(
             directory = SessionDirectory(self.app_name)
             if access is not None:
                 # The waits and the ends no replica reports, in the usage ledger.
-                directory.events = access.usage_ledger(holds_slot=False)
+                directory.events = access.usage_ledger(
+                    holds_slot=False, on_closed=UsageMetrics().interval)
             self.backends = _live_backends()
             # The holder named in the records of the slot waits this replica holds.
             actor_name = ray.get_runtime_context().get_actor_name()

@@ -10,7 +10,7 @@ from typing import Any
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
-__all__ = ["IngressMetrics", "ReplicaMetrics", "METRIC_NAMES"]
+__all__ = ["KEY_LABEL_LENGTH", "METRIC_NAMES", "IngressMetrics", "ReplicaMetrics", "UsageMetrics"]
 
 METRIC_NAMES = (
     "reactor_sessions_live",
@@ -27,11 +27,43 @@ METRIC_NAMES = (
     "reactor_model_errors",
     "reactor_model_process_restarts",
     "reactor_input_to_frame_seconds",
+    "reactor_usage_seconds",
+    "reactor_usage_frames",
 )
+
+# A key's label: its id's first 8 hex digits. Bounded (one series per key, and keys
+# are made by operators), and still tells an operator's keys apart.
+KEY_LABEL_LENGTH = 8
 
 _SECONDS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
 # Input-to-frame latency: a frame (42 ms at 24 fps) to the seconds a deep queue adds.
 _LATENCY_SECONDS = [0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2.5, 5]
+
+
+class UsageMetrics:
+    """Metered usage per API key, counted as the usage ledger closes each interval:
+    by the replicas for the sessions they run, by the ingress for the waits in its
+    queue."""
+
+    def __init__(self) -> None:
+        self.seconds = Counter(
+            "reactor_usage_seconds",
+            "Session-seconds by API key and state (waiting, ready, orphaned); "
+            "ready seconds are billed",
+            ("model", "key", "state"),
+        )
+        self.frames = Counter(
+            "reactor_usage_frames", "Frames delivered to sessions, by API key",
+            ("model", "key"),
+        )
+
+    def interval(self, key_id: str, model: str, state: str, seconds: float, frames: int) -> None:
+        """One closed interval of the usage ledger (its `on_closed`)."""
+        key = key_id[:KEY_LABEL_LENGTH]
+        if seconds > 0:
+            self.seconds.inc(seconds, tags={"model": model, "key": key, "state": state})
+        if frames > 0:
+            self.frames.inc(frames, tags={"model": model, "key": key})
 
 
 class ReplicaMetrics:

@@ -89,14 +89,17 @@ class ModelReplica:
         if uploads is not None:
             self.sessions.upload_settings = UploadSettings.model_validate(uploads)
         # With auth required: every state change of its sessions, in the usage ledger.
-        self._ledger = None
-        if usage_database is not None:
-            self._ledger = UsageLedger(open_database(usage_database))
-            self.sessions.events = self._ledger
         self.sessions_started = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._metrics = metrics.ReplicaMetrics(model_name)
         self._metrics.live.set(0)
+        # With auth required: every state change of its sessions, in the usage ledger,
+        # and each closed interval in the per-key usage counters.
+        self._ledger = None
+        if usage_database is not None:
+            usage = metrics.UsageMetrics()
+            self._ledger = UsageLedger(open_database(usage_database), on_closed=usage.interval)
+            self.sessions.events = self._ledger
         self._directory = SessionDirectory(self._identity["app"]) if self._identity else None
         if self._directory is not None:
             # What the ingress needs to know of this model, published by the model

@@ -403,20 +403,33 @@ class Prometheus:
 async def test_every_panel_shows_data_from_a_real_serve_session(ray_serve, tmp_path):
     from reactor_serve.client import connect
 
+    from reactor_serve.access.access_control import AccessControl
+
     app = "grafana"
-    url = ray_serve.deploy(app, {"models": [
+    # With API keys, so that the usage panels (per key) have data too.
+    database = f"sqlite:///{tmp_path / 'access.sqlite3'}"
+    secret = "grafana-test-secret-" + "g" * 32
+    url = ray_serve.deploy(app, {"auth": "required", "database_url": database,
+                                 "auth_secret": secret, "models": [
         {"path": PROBE, "min_replicas": 1, "max_replicas": 1, "warm_spares": 0,
          "cpus_per_replica": 0.5}]})
     model = f"{url}/models/metrics-probe"
+    access = AccessControl.open(database, auth_secret=secret)
+    _, key = access.store.create("grafana")
+    access.close()
+    minted = httpx.post(f"{model}/tokens", headers={"Reactor-API-Key": key}, content=b"null",
+                        timeout=30)
+    assert minted.status_code == 200, minted.text
+    token = minted.json()["jwt"]
     prometheus = Prometheus(f"127.0.0.1:{ray_serve.metrics_port}", tmp_path)
     first = second = None
     try:
         # The first session drops frames and ends with a model error after ~3 s; the
         # second waits for the one replica meanwhile, then stays live while the
         # per-live-session panels are read.
-        first = await connect(model)
+        first = await connect(model, token=token)
         await first.next_frame()
-        second = await connect(model)
+        second = await connect(model, token=token)
         await second.next_frame()
         # Commands whose answering frames the client reports: input-to-frame latency.
         for _ in range(5):
