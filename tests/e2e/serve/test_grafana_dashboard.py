@@ -401,9 +401,8 @@ class Prometheus:
 
 @pytest.mark.timeout(300)
 async def test_every_panel_shows_data_from_a_real_serve_session(ray_serve, tmp_path):
-    from reactor_serve.client import connect
-
     from reactor_serve.access.access_control import AccessControl
+    from reactor_serve.client import connect
 
     app = "grafana"
     # With API keys, so that the usage panels (per key) have data too.
