@@ -153,6 +153,8 @@ async def metering(base: str, key: str, sessions: int, hold_s: float) -> float:
             metered = sum(row["waiting_s"] + row["ready_s"] + row["orphaned_s"]
                           for row in after.json()["usage"]) - metered_before
             errors.append(abs(metered - measured) / measured * 100)
+            print(f"session: metered {metered:.3f} s, measured {measured:.3f} s",
+                  file=sys.stderr)
     return max(errors)
 
 

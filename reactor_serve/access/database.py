@@ -110,6 +110,7 @@ def open_database(url: str | None = None, *, migrate: bool = True) -> Database:
         raise DatabaseError(f"database {masked}: {exc}") from None
     if parsed.get_backend_name() == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin_immediate)
     database = Database(engine)
     if migrate:
         try:
@@ -139,12 +140,22 @@ def upgrade(database: Database, revision: str = "head") -> None:
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # The driver's own transaction handling off: it would begin a transaction only at
+    # the first write, so a read before it (which interval is open) could be stale by
+    # then. `_sqlite_begin_immediate` begins each one instead.
+    dbapi_connection.isolation_level = None
     # WAL: readers (every token check's key lookup) never wait for a writer.
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _sqlite_begin_immediate(connection: Connection) -> None:
+    # The write lock taken as the transaction begins: two writers (two usage ledgers,
+    # a key being revoked) run one after the other, each reading what the other wrote.
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _reason(exc: SQLAlchemyError) -> str:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import and_, insert, select, text, update
 from sqlalchemy.engine import Connection
 
 from reactor_serve.access.database import Database, DatabaseError
@@ -154,20 +154,34 @@ class UsageLedger:
     def _apply(self, conn: Connection, change: _Change,
                closed: list[tuple[str, str, str, float, int]]) -> None:
         sid = change.session_id
-        current = conn.execute(select(usage_intervals).where(
-            usage_intervals.c.session_id == sid, usage_intervals.c.ended_at.is_(None))
-            .order_by(usage_intervals.c.started_at.desc())).first()
+        if conn.dialect.name == "postgresql":
+            # One session's changes, written by several processes (the ingress, the
+            # replica), one after the other: each reads the intervals the other wrote.
+            conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:sid, 0))"),
+                         {"sid": sid})
         ended = change.state == ENDED
         metered = None if ended else METERED_STATES[change.state]
-        if current is not None and current.started_at > change.at:
-            # Another process (the replica) wrote a later change first: this one's
-            # interval ends where that one began.
+        first = conn.execute(select(usage_intervals.c.started_at)
+                             .where(usage_intervals.c.session_id == sid)
+                             .order_by(usage_intervals.c.started_at)).first()
+        if first is not None and first.started_at > change.at:
+            # A change from before everything written of the session, come late
+            # (another process, or another of this process's ledgers, wrote later
+            # ones first): its interval ends where the first written one begins.
             if not ended:
                 conn.execute(insert(usage_intervals).values(
                     session_id=sid, state=metered, started_at=change.at,
-                    ended_at=current.started_at, seen_at=current.started_at,
+                    ended_at=first.started_at, seen_at=first.started_at,
                     held=self.holds_slot, frames=0))
             return
+        current = conn.execute(select(usage_intervals).where(
+            usage_intervals.c.session_id == sid, usage_intervals.c.ended_at.is_(None))
+            .order_by(usage_intervals.c.started_at.desc())).first()
+        if current is None and not ended and conn.execute(
+                select(session_owners.c.ended_at).where(
+                    session_owners.c.session_id == sid,
+                    session_owners.c.ended_at.is_not(None))).first() is not None:
+            return  # the session has ended: a straggler opens nothing
         if (current is not None and not ended and current.state == metered
                 and bool(current.held) == self.holds_slot):
             return  # created -> waiting: one interval

@@ -145,3 +145,30 @@ def seen_at(database, session_id):
         return connection.execute(text(
             "SELECT seen_at FROM usage_intervals WHERE session_id = :sid"),
             {"sid": session_id}).scalar_one()
+
+
+def test_two_ledgers_racing_on_one_session_never_leave_two_intervals_open(database, owned):
+    """The ingress's wait and the replica's first state, written at once by two
+    ledgers: each change must read what the other wrote (SQLite's immediate
+    transactions, PostgreSQL's per-session advisory lock)."""
+    store = owned
+    queue_side, slot_side = UsageLedger(database, holds_slot=False), UsageLedger(database)
+    for index in range(20):
+        sid = f"race-{index}"
+        store.record_owner(sid, SessionOwner("a" * 16, "t"), "gradient")
+        queue_side.session_state(sid, "waiting", T0 + index * 10)
+        slot_side.session_state(sid, "created", T0 + index * 10 + 0.001)
+    assert queue_side.flush() and slot_side.flush()
+    for index in range(20):
+        slot_side.session_state(f"race-{index}", "ended", T0 + index * 10 + 5)
+    assert slot_side.flush()
+    with database.begin() as connection:
+        still_open = connection.execute(text(
+            "SELECT count(*) FROM usage_intervals WHERE ended_at IS NULL")).scalar_one()
+        total = connection.execute(text(
+            "SELECT sum(ended_at - started_at) FROM usage_intervals "
+            "WHERE session_id LIKE 'race-%'")).scalar_one()
+    assert still_open == 0
+    assert total == pytest.approx(20 * 5.0, abs=1e-6)
+    queue_side.close()
+    slot_side.close()

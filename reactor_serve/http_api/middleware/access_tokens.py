@@ -114,6 +114,7 @@ class AccessTokenMiddleware:
             else:
                 await send({"type": "websocket.close", "code": 1008})
             return
-        scope = dict(scope)
+        # The scope is this request's own (as Starlette's routing does, a key is set
+        # on it rather than the whole of it copied on every request).
         scope[GRANT_SCOPE_KEY] = grant
         await self.app(scope, receive, send)
