@@ -110,10 +110,18 @@ def test_webrtc_idle_timeout_must_use_the_top_level_field() -> None:
         ({"models": [{"path": "m"}], "auth_token": ""}, "auth_token"),
         ({"models": [{"path": "m"}], "ingress_max_ongoing_requests": 0}, "ingress_max_ongoing_requests"),
         ({"models": [{"path": "m"}], "extra": 1}, "extra"),
+        ({"models": [{"path": "m"}], "auth": "maybe"}, "auth"),
+        ({"models": [{"path": "m"}], "auth": "required", "auth_secret": "short"}, "auth_secret"),
+        ({"models": [{"path": "m"}], "database_url": ""}, "database_url"),
     ],
 )
 def test_app_errors_name_the_field(data: dict, field: str) -> None:
     assert f"field '{field}'" in _problems(data)
+
+
+def test_a_shared_token_and_api_keys_do_not_mix() -> None:
+    problems = _problems({"models": [{"path": "m"}], "auth": "required", "auth_token": "t"})
+    assert "auth_token" in problems and "auth: required" in problems
 
 
 def test_duplicate_names_rejected() -> None:
