@@ -155,7 +155,10 @@ class AccessControl:
         try:
             request = TokenRequest.parse(body)
         except InvalidTokenRequest as exc:
-            raise AccessDenied(400, str(exc)) from None
+            # A grant that cannot be given as asked: refused (403), naming the field,
+            # like any other grant the key does not allow. (A body that is not JSON
+            # at all is a 400, from the route.)
+            raise AccessDenied(403, str(exc)) from None
         key = await self._db(self.store.authenticate, api_key)
         self._keys[key.key_id] = (key, self._clock())
         if request.models is not None:

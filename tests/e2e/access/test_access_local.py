@@ -244,10 +244,10 @@ def test_hostile_tokens_are_401_naming_why(server):
     ({"expires_after": -5}, "expires_after"),
     ({"surprise": 1}, "surprise"),
 ])
-def test_bad_token_requests_are_400_naming_the_field(server, body, words):
+def test_bad_token_requests_are_403_naming_the_field(server, body, words):
     key = new_key(server, "requests")
     answer = mint(server, key, body)
-    assert answer.status_code == 400, answer.text
+    assert answer.status_code == 403, answer.text
     assert words in answer.json()["detail"]
 
 
