@@ -97,21 +97,37 @@ class UsageLedger:
     def close_abandoned(self, is_live: Callable[[str], bool], reason: str = "lost") -> int:
         """Close the intervals a crashed process left open, at their last heartbeat,
         for every session `is_live` says no longer runs; how many were closed."""
+        gone = [sid for sid in self.open_sessions() if not is_live(sid)]
+        return self.close_sessions(gone, reason)
+
+    def open_sessions(self) -> list[str]:
+        """Sessions with an interval open that no change of this ledger's opened: the
+        ones to ask about after a restart."""
+        with self.database.begin() as connection:
+            found = {row[0] for row in connection.execute(
+                select(usage_intervals.c.session_id).where(usage_intervals.c.ended_at.is_(None)))}
+        return sorted(found - self._open)
+
+    def close_sessions(self, session_ids: Iterable[str], reason: str) -> int:
+        """Close these sessions' open intervals at their last heartbeat, and the
+        sessions with them; how many intervals were closed."""
         closed = 0
         with self.database.begin() as connection:
-            rows = connection.execute(select(usage_intervals).where(
-                usage_intervals.c.ended_at.is_(None))).all()
-            for row in rows:
-                if row.session_id in self._open or is_live(row.session_id):
-                    continue
-                connection.execute(update(usage_intervals)
-                                   .where(usage_intervals.c.id == row.id)
-                                   .values(ended_at=row.seen_at, end_reason=reason))
-                connection.execute(update(session_owners)
-                                   .where(session_owners.c.session_id == row.session_id,
-                                          session_owners.c.ended_at.is_(None))
-                                   .values(ended_at=row.seen_at, end_reason=reason))
-                closed += 1
+            for session_id in session_ids:
+                rows = connection.execute(select(usage_intervals).where(
+                    usage_intervals.c.session_id == session_id,
+                    usage_intervals.c.ended_at.is_(None))).all()
+                for row in rows:
+                    connection.execute(update(usage_intervals)
+                                       .where(usage_intervals.c.id == row.id)
+                                       .values(ended_at=row.seen_at, end_reason=reason))
+                    closed += 1
+                if rows:
+                    last = max(row.seen_at for row in rows)
+                    connection.execute(update(session_owners)
+                                       .where(session_owners.c.session_id == session_id,
+                                              session_owners.c.ended_at.is_(None))
+                                       .values(ended_at=last, end_reason=reason))
         return closed
 
     # ---- the writer thread -----------------------------------------------------------

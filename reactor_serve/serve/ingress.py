@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import threading
 from typing import Any
 from urllib.parse import quote
 
@@ -28,6 +29,7 @@ from ray import serve
 from reactor_serve import __version__
 from reactor_serve.access.access_control import AccessControl
 from reactor_serve.access.failure_throttle import FailureThrottle
+from reactor_serve.access.usage_ledger import UsageLedger
 from reactor_serve.http_api.pages import PICKER_PAGE, model_pages, page_response
 from reactor_serve.http_api.routes import add_session_middleware, session_routes
 from reactor_serve.http_api.tokens import token_routes
@@ -169,8 +171,10 @@ def make_ingress(
             directory = SessionDirectory(self.app_name)
             if access is not None:
                 # The waits and the ends no replica reports, in the usage ledger.
-                directory.events = access.usage_ledger(
-                    holds_slot=False, on_closed=UsageMetrics().interval)
+                ledger = access.usage_ledger(holds_slot=False, on_closed=UsageMetrics().interval)
+                directory.events = ledger
+                threading.Thread(target=_close_abandoned_usage, args=(ledger, directory),
+                                 name="reactor-usage-recovery", daemon=True).start()
             self.backends = _live_backends()
             # The holder named in the records of the slot waits this replica holds.
             actor_name = ray.get_runtime_context().get_actor_name()
@@ -202,6 +206,29 @@ def make_ingress(
                                   backend.spec.name)
 
     return ReactorIngress
+
+
+def _close_abandoned_usage(ledger: UsageLedger, directory: SessionDirectory) -> None:
+    """At an ingress replica's start: usage intervals left open by a process that is
+    gone (a crashed ingress, a whole application restarted), for sessions the session
+    directory no longer holds live, closed at their last heartbeat. Any number of
+    ingress replicas may do this at once: only what is still open is closed."""
+
+    async def gone(session_ids: list[str]) -> list[str]:
+        records = await asyncio.gather(*(directory.get(sid) for sid in session_ids))
+        return [sid for sid, record in zip(session_ids, records, strict=True)
+                if record is None or record.get("state") == "ended"]
+
+    try:
+        candidates = ledger.open_sessions()
+        if not candidates:
+            return
+        closed = ledger.close_sessions(asyncio.run(gone(candidates)), reason="lost")
+        if closed:
+            log.warning("closed %d usage interval(s) of sessions that ended while no "
+                        "process could record it", closed)
+    except Exception:
+        log.exception("closing abandoned usage intervals failed")
 
 
 # Serve's controller, by the name and namespace Ray 2.60 gives it.

@@ -48,8 +48,9 @@ _BASE = r"(?:/models/[^/]+)?"
 ACCESS_PUBLIC_PATHS: tuple[str, ...] = (
     *DEFAULT_PUBLIC_PATHS,
     rf"{_BASE}/tokens",
-    # Operators' usage: guarded by the operator token, not a client's.
+    # Operators' routes: guarded by the operator token, not a client's.
     r"/usage",
+    r"GET /models/[^/]+/sessions",
     rf"{_BASE}/watch/[^/]+(?:/[^/]+)?",
     # The pages: the player, the model picker, the doctor. Their API calls carry the token.
     rf"{_BASE}/?",
@@ -84,14 +85,16 @@ class AccessTokenMiddleware:
         self.app = app
         self.access = access
         self.throttle = throttle
-        self._public = re.compile("|".join(f"(?:{p})" for p in public_paths) or r"(?!)")
+        # An entry is a path pattern, or "METHOD pattern" for one method only.
+        self._public = re.compile("|".join(
+            f"(?:{p})" if " " in p else f"(?:[A-Z]+ {p})" for p in public_paths) or r"(?!)")
 
     async def __call__(self, scope: _Scope, receive: Any, send: Any) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         scope, path_token = strip_token_prefix(scope)
-        if self._public.fullmatch(route_path(scope)):
+        if self._public.fullmatch(f"{scope.get('method', 'GET')} {route_path(scope)}"):
             await self.app(scope, receive, send)
             return
         address = client_address(scope)

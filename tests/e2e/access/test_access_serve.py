@@ -224,3 +224,47 @@ async def test_usage_survives_an_ingress_kill_and_a_lost_database(deployed, post
             .replica_states.get("RUNNING") != 2:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.5)
+
+
+@pytest.mark.timeout(240)
+async def test_a_restarted_ingress_closes_usage_no_process_could_record(deployed):
+    """A session whose every recording process died (its record gone from the
+    directory, its interval left open): the ingress replicas Serve starts again
+    close it at its last heartbeat, with a reason."""
+    import ray
+    from ray import serve
+    from sqlalchemy import text
+
+    from reactor_serve.access.grants import SessionOwner
+    from reactor_serve.access.usage_ledger import UsageLedger
+
+    app, access, _ = deployed
+    key, _ = access.store.create("ghost")
+    seen = time.time() - 30
+    access.store.record_owner("ghost-session", SessionOwner(key.key_id, "t"), "gradient",
+                              seen - 10)
+    crashed = UsageLedger(access.store.database)
+    crashed.session_state("ghost-session", "streaming", seen - 10)
+    assert crashed.flush()
+    crashed.close()  # it "dies" without writing the end; its last heartbeat is set below
+    with access.store.database.begin() as connection:
+        connection.execute(text("UPDATE usage_intervals SET seen_at = :seen "
+                                "WHERE session_id = 'ghost-session'"), {"seen": seen})
+    for name in replica_actors("access", "ReactorIngress"):
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+
+    def closed():
+        with access.store.database.begin() as connection:
+            return connection.execute(text(
+                "SELECT ended_at, end_reason FROM usage_intervals "
+                "WHERE session_id = 'ghost-session'")).one()
+
+    deadline = time.monotonic() + 120
+    while closed().ended_at is None:
+        assert time.monotonic() < deadline, "the restarted ingress did not close it"
+        await asyncio.sleep(0.5)
+    assert tuple(closed()) == (seen, "lost")
+    while serve.status().applications["access"].deployments["ReactorIngress"] \
+            .replica_states.get("RUNNING") != 2:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.5)

@@ -208,6 +208,39 @@ def test_js_sdk_against_serve(page, sdk_page, serve_gradient):
     _drive_sdk(page, sdk_page, api_url, live_sessions)
 
 
+def test_js_sdk_production_flow_with_a_token_through_serve(page, sdk_page, ray_serve, tmp_path):
+    from reactor_serve.access.access_control import AccessControl
+
+    database = f"sqlite:///{tmp_path / 'access.sqlite3'}"
+    secret = "js-sdk-serve-secret-" + "j" * 32
+    url = ray_serve.deploy("sdkauth", {
+        "auth": "required", "database_url": database, "auth_secret": secret,
+        "operator_token": OPERATOR_TOKEN, "models": [
+            {"path": "examples/gradient", "min_replicas": 1, "max_replicas": 1,
+             "warm_spares": 0, "cpus_per_replica": 0.5,
+             "webrtc": {"loopback_candidates": True}}]})
+    api_url = f"{url}/models/gradient"
+    try:
+        access = AccessControl.open(database, auth_secret=secret)
+        _, key = access.store.create("js-sdk-serve")
+        access.close()
+        minted = httpx.post(f"{api_url}/tokens", headers={"Reactor-API-Key": key}, json={
+            "authorization_details": [{"type": "session",
+                                       "resources": {"models": {"match": ["gradient"]}}}]},
+            timeout=30)
+        assert minted.status_code == 200, minted.text
+
+        def live_sessions():
+            reply = httpx.get(f"{api_url}/sessions", headers={"X-Operator-Token": OPERATOR_TOKEN},
+                              timeout=5)
+            assert reply.status_code == 200, f"GET /sessions -> {reply.status_code} {reply.text}"
+            return len(reply.json()["sessions"])
+
+        _drive_sdk(page, sdk_page, api_url, live_sessions, jwt=minted.json()["jwt"])
+    finally:
+        ray_serve.delete("sdkauth")
+
+
 # --------------------------------------------------------------------------- reconnect
 
 
