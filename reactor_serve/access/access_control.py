@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +99,8 @@ class AccessControl:
         self._owners: OrderedDict[str, SessionOwner] = OrderedDict()
         self._opened_with: tuple[str | None, str | None, dict[str, Any]] | None = None
         self._ledgers: dict[bool, UsageLedger] = {}
+        # A lock per key while one of its sessions is being started (start_session).
+        self._starting: dict[str, asyncio.Lock] = {}
 
     @classmethod
     def open(cls, database_url: str | None = None, *, auth_secret: str | None = None,
@@ -237,6 +239,29 @@ class AccessControl:
                     retry_after_s=max(1.0, oldest + 60.0 - now))
         durations = [d for d in (limits.max_session_s, grant.max_session_s) if d is not None]
         return StartTerms(max_duration_s=float(min(durations)) if durations else None)
+
+    async def start_session(
+        self,
+        grant: Grant,
+        model: str,
+        create: Callable[[float | None], Awaitable[Any]],
+        stop: Callable[[str], Awaitable[None]],
+        requested_at: float,
+    ) -> Any:
+        """Authorise a start, `create(max_duration_s)` the session, and record it as
+        the grant's key's. One key's starts in this process go one at a time, so two
+        at once cannot both pass its concurrency quota. A session that cannot be
+        recorded is stopped: a session nobody can be shown to own is one nobody may use."""
+        # One lock per key ever started from here: keys are made by operators, so few.
+        async with self._starting.setdefault(grant.key_id, asyncio.Lock()):
+            terms = await self.authorize_start(grant, model)
+            info = await create(terms.max_duration_s)
+            try:
+                await self.record_start(grant, model, info.session_id, requested_at)
+            except AccessDenied:
+                await stop(info.session_id)
+                raise
+            return info
 
     async def record_start(self, grant: Grant, model: str, session_id: str,
                            requested_at: float | None = None) -> None:

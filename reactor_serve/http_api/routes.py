@@ -360,19 +360,15 @@ def session_routes(
         """A session started for this request, authorised and owned under access."""
         requested_at = time.time()
         grant = _grant(request)
-        limit: float | None = None
-        if access is not None and grant is not None:
-            limit = (await access.authorize_start(grant, b.spec.name)).max_duration_s
-        info = await b.create_session(body.extra_args, _client(request), generation=body.generation,
-                                      max_duration_s=limit)
-        if access is not None and grant is not None:
-            try:
-                await access.record_start(grant, b.spec.name, info.session_id, requested_at)
-            except AccessDenied:
-                # A session nobody can be shown to own is one nobody may use: end it.
-                await b.stop_session(info.session_id)
-                raise
-        return info
+
+        async def create(limit: float | None) -> SessionInfo:
+            return await b.create_session(body.extra_args, _client(request),
+                                          generation=body.generation, max_duration_s=limit)
+
+        if access is None or grant is None:
+            return await create(None)
+        return await access.start_session(grant, b.spec.name, create, b.stop_session,
+                                          requested_at)
 
     # ---- the official SDKs' production routes: create, poll, delete ---------------
 

@@ -81,6 +81,8 @@ class FakeBackend:
         self.pending_status: dict[str, Any] = {"status": "queued", "position": 1, "eta_s": 3}
         self.candidates: list[tuple[str, int | None, list, bool]] = []
         self.healthy = True
+        # The max_duration_s of each create_session, in order.
+        self.durations: list[float | None] = []
         self.raise_next: BaseException | None = None
         self._n = 0
         self._cid = 100
@@ -114,6 +116,7 @@ class FakeBackend:
         self, extra_args: dict[str, Any], client: ClientIdentity, *, generation: str = "streamed",
         max_duration_s: float | None = None,
     ) -> SessionInfo:
+        self.durations.append(max_duration_s)
         self._call("create_session", extra_args, client)
         if len(self._live()) >= self.max_sessions:
             raise ModelBusy(f"model {self._spec.name} is busy with another session")
