@@ -189,7 +189,10 @@ def make_ingress(
             # from the head node's session folder, whichever node this replica is on.
             install_on_head()
             if auth_token is None and access is None:
-                _warn_if_open_to_the_network()
+                # Asked of Serve's controller on a thread: the controller is busy
+                # starting this very replica, which must not wait for it.
+                threading.Thread(target=_warn_if_open_to_the_network,
+                                 name="reactor-open-warning", daemon=True).start()
 
         async def __del__(self) -> None:
             # An ingress replica stops for three reasons: it is replaced (redeploy,

@@ -37,6 +37,25 @@ def kill(actor_name):
     ray.kill(ray.get_actor(actor_name, namespace="serve"), no_restart=True)
 
 
+def in_daemon_thread(function, *args):
+    """`function(*args)` on a daemon thread, as an awaitable. Not the loop's executor:
+    a call that never returns (a deploy waiting on an application this test deletes
+    after a failure) must not hold the event loop's shutdown, and the run, forever."""
+    import concurrent.futures
+    import threading
+
+    future = concurrent.futures.Future()
+
+    def run():
+        try:
+            future.set_result(function(*args))
+        except BaseException as exc:  # handed to the awaiting test
+            future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return asyncio.wrap_future(future)
+
+
 async def wait_until(predicate, timeout, what):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -142,7 +161,7 @@ async def test_changing_one_models_settings_leaves_the_other_models_sessions_ali
         # ingress holds nothing, and the busy gradient replica drains: its session
         # streams on, and reconnects through the new ingress with its state. (The
         # deploy completes once the drained replica is gone, after the session ends.)
-        redeploy = asyncio.create_task(asyncio.to_thread(ray_serve.deploy, "change", args(2)))
+        redeploy = in_daemon_thread(ray_serve.deploy, "change", args(2))
         await wait_until(lambda: replica_actors("change", "ReactorIngress") != ingress_before
                          and replica_states("change", "ReactorIngress").get("RUNNING") == 2,
                          120, "the ingress to be redeployed")
