@@ -190,11 +190,7 @@ class AccessControl:
                 grant = self._verifier.verify(token)
         except TokenRejected as exc:
             raise AccessDenied(401, exc.reason) from None
-        cached = self._keys.get(grant.key_id)
-        if cached is not None and self._clock() - cached[1] < self.key_ttl_s:
-            key = cached[0]  # every request of a client: no await on this path
-        else:
-            key = await self._key(grant.key_id)
+        key = await self._key(grant.key_id)
         if key is None:
             raise AccessDenied(401, "the token's API key no longer exists")
         if key.revoked:
@@ -276,7 +272,7 @@ class AccessControl:
                 session_id, "waiting", requested_at)
 
     async def authorize_session(self, grant: Grant, session_id: str) -> None:
-        owner = self._owners.get(session_id) or await self._owner(session_id)
+        owner = await self._owner(session_id)
         if owner is None or not grant.allows_session(session_id, owner):
             raise AccessDenied(403, "the token does not grant this session")
 

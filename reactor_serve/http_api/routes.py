@@ -88,6 +88,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "UPLOAD_PATH",
     "add_session_middleware",
+    "read_body",
     "session_app",
     "session_routes",
 ]
@@ -248,8 +249,8 @@ def _connection_id(value: str) -> int:
     return int(value)
 
 
-async def _body(request: Request) -> dict[str, Any] | None:
-    """The request's JSON object (None when empty), bounded even without the middleware."""
+async def read_body(request: Request) -> bytes:
+    """The request's body, bounded even without the middleware (BodyTooLarge: 413)."""
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -257,7 +258,12 @@ async def _body(request: Request) -> dict[str, Any] | None:
         if size > DEFAULT_MAX_BODY_BYTES:
             raise BodyTooLarge(DEFAULT_MAX_BODY_BYTES)
         chunks.append(chunk)
-    return parse_json_object(b"".join(chunks))
+    return b"".join(chunks)
+
+
+async def _body(request: Request) -> dict[str, Any] | None:
+    """The request's JSON object (None when empty)."""
+    return parse_json_object(await read_body(request))
 
 
 def _client(request: Request) -> ClientIdentity:
@@ -276,7 +282,7 @@ def _grant(request: Request) -> Grant | None:
     return request.scope.get(GRANT_SCOPE_KEY)
 
 
-def _session_guard(access: AccessControl | None) -> Callable[[Request], Awaitable[None]]:
+def _session_guard(access: AccessControl) -> Callable[[Request], Awaitable[None]]:
     """A dependency of every session route: under API-key access, the session a
     request names (path `sid`, or a `session_id` query) must be the grant's. Public
     routes carry no grant and are not guarded; an id of the wrong shape is left to
@@ -284,7 +290,7 @@ def _session_guard(access: AccessControl | None) -> Callable[[Request], Awaitabl
 
     async def guard(request: Request) -> None:
         grant = _grant(request)
-        if access is None or grant is None:
+        if grant is None:
             return
         sid = request.path_params.get("sid") or request.query_params.get("session_id")
         if sid is None or not _SESSION_ID.fullmatch(sid):
@@ -312,7 +318,8 @@ def session_routes(
     app. With `access`, the routes authorise: a start against the grant's models and
     limits, and every request naming a session against who started it.
     """
-    router = APIRouter(dependencies=[Depends(_session_guard(access))])
+    # Without access there is nothing to guard: no dependency on the hot path.
+    router = APIRouter(dependencies=[Depends(_session_guard(access))] if access is not None else [])
 
     def descriptor(b: SessionBackend, info: SessionInfo) -> dict[str, Any]:
         from reactor_serve.protocol.model_documents import session_descriptor

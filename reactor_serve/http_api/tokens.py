@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect
 from reactor_serve.access.access_control import AccessControl, AccessDenied
 from reactor_serve.access.failure_throttle import FailureThrottle
 from reactor_serve.http_api.middleware.access_tokens import client_address, refusal
-from reactor_serve.http_api.middleware.request_limits import DEFAULT_MAX_BODY_BYTES
+from reactor_serve.http_api.routes import read_body
 from reactor_serve.protocol.bounded_json import JSONBodyError, parse_json_object
 
 __all__ = ["API_KEY_HEADER", "token_routes"]
@@ -49,17 +49,10 @@ def token_routes(access: AccessControl, throttle: FailureThrottle) -> APIRouter:
 
 
 async def _body(request: Request) -> object:
-    chunks: list[bytes] = []
-    size = 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > DEFAULT_MAX_BODY_BYTES:
-                raise AccessDenied(413, f"the body is over {DEFAULT_MAX_BODY_BYTES} bytes")
-            chunks.append(chunk)
+        raw = await read_body(request)  # over the bound: 413, by Starlette
     except ClientDisconnect:
         raise AccessDenied(400, "the client went away before its request was read") from None
-    raw = b"".join(chunks)
     if raw.strip() == b"null":
         return None  # what fetch_jwt sends for a token with the key's whole reach
     try:
