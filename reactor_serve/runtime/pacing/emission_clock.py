@@ -234,7 +234,7 @@ class EmissionClock:
         for name in self.video_tracks:
             frame = self._last.get(name)
             if frame is None:
-                frame = black_frame(*self._default_size)
+                frame = black_frame(*(self.buffer.last_size(name) or self._default_size))
             video[name] = frame
         elapsed = slot - self._start
         self.jitter_ms += 0.05 * (abs(now - slot) * 1000.0 - self.jitter_ms)

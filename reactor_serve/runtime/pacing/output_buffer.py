@@ -117,6 +117,10 @@ class OutputBuffer:
         # full): the next frame taken answers those commands instead, so no command
         # goes unanswered because the frame that first showed it never did.
         self._carried: list[FrameAnswer] = []
+        # The size of the last frame taken per video track, kept across sessions and
+        # model restarts: a new session's black frames before its first one then
+        # match the picture the model makes, so the client's video never jumps size.
+        self._last_sizes: dict[str, tuple[int, int]] = {}
 
     # ---- what models call -------------------------------------------------------
 
@@ -318,9 +322,15 @@ class OutputBuffer:
                 item.answers = (*self._carried, *item.answers)
                 self._carried.clear()
             self.taken += 1
+            for name, frame in item.video.items():
+                self._last_sizes[name] = (int(frame.shape[0]), int(frame.shape[1]))
             self._cond.notify_all()
             self._async_waiters.wake_all()
             return item
+
+    def last_size(self, track: str) -> tuple[int, int] | None:
+        """(height, width) of the last frame taken on video `track`, if any was."""
+        return self._last_sizes.get(track)
 
     def drain(self) -> Iterable[FrameItem]:
         """Take everything queued now (tests and shutdown)."""

@@ -195,6 +195,18 @@ def test_black_before_first_frame_custom_default_size():
     assert _is_black(clock.present().video["main_video"], (72, 128))
 
 
+def test_a_later_sessions_black_is_at_the_size_the_model_last_made():
+    # A second session on the same buffer (or the first after the model process was
+    # restarted) shows black at the model's size before its first frame, not at the
+    # default, so the client's video does not change size when the model's frames come.
+    now, buf, first = _make(default_size=(480, 640))
+    _emit(buf, [_frame(1, (48, 64))])
+    assert first.present().video["main_video"].shape == (48, 64, 3)
+    assert buf.last_size("main_video") == (48, 64)
+    second = EmissionClock(buf, VIDEO, clock=now, default_size=(480, 640))
+    assert _is_black(second.present().video["main_video"], (48, 64))
+
+
 def test_emitted_frame_is_presented():
     now, buf, clock = _make()
     clock.present()  # black
