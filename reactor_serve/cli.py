@@ -151,7 +151,7 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Load the model in PATH and serve it to browsers and Reactor clients "
             "(the session API of docs/protocol.md at the root of http://HOST:PORT/), one "
-            "session at a time."
+            "session at a time, or as many as the model's sessions_per_replica."
         ),
     )
     parser.add_argument("path", metavar="PATH", nargs="?", default=".", help="model directory")
@@ -177,6 +177,14 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         metavar="T",
         default=None,
         help="with --auth required: GET /usage answers requests with 'X-Operator-Token: T'",
+    )
+    parser.add_argument(
+        "--sessions-per-replica",
+        metavar="N",
+        type=int,
+        default=None,
+        help="serve up to N sessions at once on the one loaded model (default: the "
+        "model config's sessions_per_replica, else 1)",
     )
     _add_database_url(parser)
     _add_in_process(parser)
@@ -238,8 +246,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             in_process=args.in_process or None,
             access=access,
             operator_token=args.operator_token,
+            seats=args.sessions_per_replica,
         )
-    except WebRTCSettingsError as exc:
+    except (WebRTCSettingsError, ValueError) as exc:
         raise CommandError(str(exc)) from exc
     host = app.state.host
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

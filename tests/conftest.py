@@ -16,7 +16,7 @@ def host_of():
 
     def start(model, config=None, **kwargs):
         if isinstance(model, (str, Path)):
-            host = ModelHost.from_manifest(model)
+            host = ModelHost.from_manifest(model, **kwargs)
         else:
             host = ModelHost(model, config, **kwargs)
         host.start(timeout=30)
@@ -270,7 +270,7 @@ class DevServer:
     """`reactor run`'s app (create_app) on a thread of this process with its own loop,
     for tests that need its objects or settings; `url` (also `base`)."""
 
-    def __init__(self, model_dir, *, access=None, operator_token=None, **settings):
+    def __init__(self, model_dir, *, access=None, operator_token=None, seats=None, **settings):
         import threading
 
         import uvicorn
@@ -280,7 +280,7 @@ class DevServer:
         port = free_port()
         self.url = self.base = f"http://127.0.0.1:{port}"
         self.app = create_app(model_dir, settings_override={"loopback_candidates": True, **settings},
-                              access=access, operator_token=operator_token)
+                              access=access, operator_token=operator_token, seats=seats)
         self.server = uvicorn.Server(
             uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning")
         )

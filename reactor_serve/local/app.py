@@ -1,6 +1,6 @@
 """`create_app`: `reactor run`'s FastAPI app, one model served from this process.
 
-The model runs in its own process (or a thread of this one); a `SingleSessionBackend`
+The model runs in its own process (or a thread of this one); a `SeatedSessionBackend`
 runs its sessions, and the session HTTP API of docs/protocol.md is served at the root
 with the player and doctor pages.
 """
@@ -32,7 +32,7 @@ from reactor_serve.http_api.tokens import token_routes
 from reactor_serve.http_api.usage import usage_routes
 from reactor_serve.rtc.settings import WebRTCSettings, WebRTCSettingsError
 from reactor_serve.sessions.recording.settings import RecordingSettings
-from reactor_serve.sessions.single_session import SingleSessionBackend
+from reactor_serve.sessions.seated_sessions import SeatedSessionBackend
 
 __all__ = ["create_app"]
 
@@ -47,6 +47,7 @@ def create_app(
     in_process: bool | None = None,
     access: AccessControl | None = None,
     operator_token: str | None = None,
+    seats: int | None = None,
 ) -> FastAPI:
     """A FastAPI app serving the model in `model_dir` at the root.
 
@@ -61,14 +62,17 @@ def create_app(
     `access` requires API keys: `POST /tokens` mints tokens, and every session route
     wants one (docs/access.md); `GET /usage` answers whoever sends `operator_token`.
     The app closes it at shutdown.
+
+    `seats`: sessions served at once by the one loaded model (default: the model
+    config's `sessions_per_replica`, else 1).
     """
     from reactor_serve import __version__
     from reactor_serve.runtime.host import ModelLoadError
     from reactor_serve.runtime.isolation.model_process import hosted_model
 
-    host = hosted_model(model_dir, in_process)
+    host = hosted_model(model_dir, in_process, seats=seats)
     settings = _settings(host.config, settings_override, source=f"{model_dir}")
-    backend = SingleSessionBackend(host, settings)
+    backend = SeatedSessionBackend(host, settings)
     # A bad `recording` section fails here, naming the field, not at the first session.
     backend.recording_override = RecordingSettings.from_config(
         host.config, source=f"{model_dir}"

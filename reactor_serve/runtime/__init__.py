@@ -24,7 +24,13 @@ from reactor_serve.runtime.local_client import LocalClient, ReceivedFrame
 from reactor_serve.runtime.pacing.emission_clock import EmissionClock, PresentedFrame
 from reactor_serve.runtime.pacing.frames import FrameError
 from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
-from reactor_serve.runtime.session import EndReason, Session, SessionHost, SessionSink
+from reactor_serve.runtime.session import (
+    EndReason,
+    SeatedHost,
+    Session,
+    SessionHost,
+    SessionSink,
+)
 
 __all__ = [
     "CommandSpec",
@@ -46,6 +52,7 @@ __all__ = [
     "ReceivedFrame",
     "Session",
     "SessionBusy",
+    "SeatedHost",
     "SessionHost",
     "SessionSink",
     "hosted_model",

@@ -14,6 +14,7 @@ is a `KindDriver`, chosen once from `spec.kind`: `PipelineDriver`, `RunLoopDrive
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import logging
 import threading
@@ -52,7 +53,9 @@ from reactor_serve.runtime.pacing.output_buffer import (
     OutputPort,
 )
 from reactor_serve.runtime.pacing.output_splitter import OutputSplitter
+from reactor_serve.runtime.seats import seat_count
 from reactor_serve.runtime.session import EndReason, Session, SessionSink
+from reactor_serve.runtime.shared_state import SharedState
 from reactor_serve.runtime.startup_heap import freeze_startup_heap
 from reactor_serve.runtime.stepping import StepFailure, StepGate, StepOutcome
 
@@ -97,9 +100,29 @@ class ModelHost:
         *,
         name: str | None = None,
         output: OutputPort | None = None,
+        seats: int | None = None,
+        shares: ModelHost | None = None,
+        seat_outputs: list[OutputPort] | None = None,
     ) -> None:
         self.spec: ModelSpec = inspect_model(model_cls, name)
         self.config = model_config(model_cls, config)
+        # Seats: sessions served at once by one loaded model (runtime/seats.py). This
+        # host is the first; each other seat is a host of its own (its thread, buffers
+        # and session) over a copy of this host's model (`shares`).
+        self._shares = shares
+        # `seat_outputs`: the other seats' output ports (default: a buffer each).
+        count = seat_count(self.config, self.spec.name, seats)
+        if seat_outputs is not None and len(seat_outputs) != count - 1:
+            raise ValueError(f"{count} seats need {count - 1} seat_outputs, "
+                             f"got {len(seat_outputs)}")
+        self._others: list[ModelHost] = [] if shares is not None else [
+            ModelHost(model_cls, self.config, name=name, seats=1, shares=self,
+                      output=seat_outputs[index] if seat_outputs else None)
+            for index in range(count - 1)
+        ]
+        # What `load()` made, watched for in-place changes while seats share it.
+        self.shared_state: SharedState | None = None
+        self._shared_checked = 0.0
         # Where emitted frames go: a buffer paced here, or (in a model process) the
         # port that forwards them to the media process's buffer, which takes tensors
         # on any device as they are and copies each once, into shared memory.
@@ -110,7 +133,10 @@ class ModelHost:
         self.splitter = OutputSplitter(self.spec.outputs, on_device=output is not None)
         self.model: Any = None
         self.load_error: ModelLoadError | None = None
-        self._thread = ModelThread(f"reactor-model-{self.spec.name}", self._current_context)
+        self._thread = ModelThread(
+            f"reactor-model-{self.spec.name}" + ("-seat" if shares is not None else ""),
+            self._current_context,
+        )
         self._session: Session | None = None
         self._lifecycle: asyncio.Lock | None = None
         self._driver: KindDriver = _DRIVERS[self.spec.kind](_HostForDriver(self))
@@ -139,12 +165,15 @@ class ModelHost:
     # ---- construction -----------------------------------------------------------
 
     @classmethod
-    def from_manifest(cls, path: str | Path, output: OutputPort | None = None) -> ModelHost:
+    def from_manifest(
+        cls, path: str | Path, output: OutputPort | None = None, seats: int | None = None
+    ) -> ModelHost:
         """A host for the model directory (or `reactor.yaml`) at `path`."""
         from reactor_serve.runtime.loading.manifest import load_manifest
 
         manifest = load_manifest(path)
-        return cls(manifest.load_class(), manifest.config, name=manifest.name, output=output)
+        return cls(manifest.load_class(), manifest.config, name=manifest.name, output=output,
+                   seats=seats)
 
     def start(
         self, timeout: float | None = None, on_loaded: Callable[[], None] | None = None
@@ -157,12 +186,32 @@ class ModelHost:
         """
         self._thread.start()
         try:
-            self._thread.submit(self._load(on_loaded)).result(timeout)
+            self._thread.submit(self._load(on_loaded if not self._others else None)).result(timeout)
         except ModelLoadError as exc:
             self.load_error = exc
             raise
+        if self._others:
+            assert self.model is not None
+            self.shared_state = SharedState(self.model, self.spec.cls.__qualname__)
+            for seat in self._others:
+                seat.shared_state = self.shared_state
+                seat.start(timeout)
+            if on_loaded is not None:
+                on_loaded()
         # The model and its imports are here for good: out of later collections.
         freeze_startup_heap()
+
+    @property
+    def seats(self) -> list[ModelHost]:
+        """Every seat of this model, this host first: each serves one session at a time."""
+        return [self, *self._others]
+
+    def seat_model(self) -> Any:
+        """A new seat's model: a shallow copy of the loaded one, so it shares what
+        `load()` made while what a session assigns stays its own."""
+        if self.model is None:
+            raise RuntimeError(f"model {self.spec.name!r} is not loaded")
+        return copy.copy(self.model)
 
     def __enter__(self) -> ModelHost:
         self.start()
@@ -173,8 +222,9 @@ class ModelHost:
 
     @property
     def healthy(self) -> bool:
-        """Loaded, and the model thread is alive."""
-        return self.model is not None and self.load_error is None and self._thread.alive
+        """Loaded, and the model thread (every seat's) is alive."""
+        return (self.model is not None and self.load_error is None and self._thread.alive
+                and all(seat.healthy for seat in self._others))
 
     @property
     def session(self) -> Session | None:
@@ -188,9 +238,13 @@ class ModelHost:
         self._lifecycle = asyncio.Lock()
         driver = self._driver
         try:
-            model = driver.create(self.config)
-            self._bind(model)
-            await driver.load(model, self.config)
+            if self._shares is not None:
+                model = self._shares.seat_model()
+                self._bind(model)
+            else:
+                model = driver.create(self.config)
+                self._bind(model)
+                await driver.load(model, self.config)
         except Exception as exc:
             text = traceback.format_exc()
             log.error("model %s failed to load:\n%s", self.spec.name, text)
@@ -329,9 +383,13 @@ class ModelHost:
             self._record_end(session, reason, detail)
         self._tell_sink(session, reason, detail)
 
+    def _count_model_error(self) -> None:
+        # Counted on the first seat: the model's errors, whichever seat's session.
+        (self._shares or self).model_errors += 1
+
     async def _fail(self, session: Session, where: str, exc: BaseException) -> None:
         """A model error during `session`: log it, tell the client, end the session."""
-        self.model_errors += 1
+        self._count_model_error()
         log.error(
             "model %s: %s raised during session %s:\n%s",
             self.spec.name,
@@ -495,11 +553,26 @@ class ModelHost:
             setattr(self.model.state, command.target, value)
         else:
             await call_model(getattr(self.model, command.target), **args)
+            self._check_shared_state(now=True)
         self._answered(ticket)
         if self.spec.drop_stale_frames:
             # Every frame queued now was made before this change (a pipeline applies
             # commands between yields; a run loop's next emit follows the handler).
             self.output_buffer.drop_stale()
+
+    # Seats check what they share at most this often while they stream (a module's
+    # tensors are counted on each check), and after every handler.
+    SHARED_CHECK_S = 1.0
+
+    def _check_shared_state(self, now: bool = False) -> None:
+        """Raise SharedStateChanged if a session changed what the seats share."""
+        shared = self.shared_state
+        if shared is None:
+            return
+        at = time.monotonic()
+        if now or at - self._shared_checked >= self.SHARED_CHECK_S:
+            self._shared_checked = at
+            shared.check()
 
     # ---- output -----------------------------------------------------------------
 
@@ -526,6 +599,7 @@ class ModelHost:
         items = self._prepare(output, compute_time)
         if items:
             await self.output_buffer.put(items, drop and gate is None)
+        self._check_shared_state()
         if gate is not None:
             # One unit of a stepped session: it answers its step, and the next unit
             # waits for the next step.
@@ -642,7 +716,9 @@ class ModelHost:
     # ---- shutdown ---------------------------------------------------------------
 
     def shutdown(self, timeout: float = 15.0) -> None:
-        """End any live session, stop the model thread."""
+        """End any live session, stop the model thread (every seat's)."""
+        for seat in self._others:
+            seat.shutdown(timeout)
         self._shutting_down = True
         if self._thread.alive:
             session = self._session
@@ -708,7 +784,7 @@ class _HostForDriver(DriverHost):
         await self._host._disconnect(session, reason, detail)
 
     def count_model_error(self) -> None:
-        self._host.model_errors += 1
+        self._host._count_model_error()
 
     async def emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
         await self._host._emit(output, drop, compute_time)

@@ -16,6 +16,7 @@ import math
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from reactor_serve.interface.messages import ModelMessage, message_payload
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from reactor_serve.interface.context import SessionContext
     from reactor_serve.runtime.loading.model_spec import ModelSpec
 
-__all__ = ["EndReason", "Session", "SessionHost", "SessionSink"]
+__all__ = ["EndReason", "SeatedHost", "Session", "SessionHost", "SessionSink"]
 
 # Ids for commands sent without one: unique in the process, so an answer carried
 # over from an earlier session can never be taken for one of this session's.
@@ -98,12 +99,6 @@ class SessionHost(Protocol):
     def restarts(self) -> int:
         """Times the model was started again after a crash or a failed load."""
 
-    def start(self, timeout: float | None = None) -> None:
-        """Load the model; raises ModelLoadError when `load()` fails."""
-
-    def shutdown(self, timeout: float = 15.0) -> None:
-        """End any live session, stop the model."""
-
     async def open_session(
         self, sink: SessionSink, session_id: str | None = None, *, stepped: bool = False
     ) -> Session:
@@ -127,6 +122,23 @@ class SessionHost(Protocol):
 
     async def end_session(self, session: Session, reason: str, detail: str | None = None) -> None:
         """End `session` and wait until it is cleaned up."""
+
+
+class SeatedHost(SessionHost, Protocol):
+    """What runs a model for transports: the model's life, and its seats, each a
+    `SessionHost` serving one session at a time (runtime/seats.py). As a
+    `SessionHost` itself it is its first seat."""
+
+    @property
+    def seats(self) -> Sequence[SessionHost]:
+        """Every seat, the first seat (this host) first."""
+
+    def start(self, timeout: float | None = None) -> None:
+        """Load the model (once for every seat); raises ModelLoadError when
+        `load()` fails."""
+
+    def shutdown(self, timeout: float = 15.0) -> None:
+        """End every live session, stop the model."""
 
 
 class Session:

@@ -441,7 +441,7 @@ class IngressSessions:
     # ---- kept steps (StepBackend) -------------------------------------------------------
     #
     # Kept by the replica that ran the session: also once the session has ended, for as
-    # long as that replica runs and remembers it (SingleSessionBackend.KEEP_ENDED).
+    # long as that replica runs and remembers it (SeatedSessionBackend.KEEP_ENDED).
 
     async def kept_steps(self, session_id: str) -> list[int]:
         return list(await self._on_step_replica(session_id, "kept_steps", {}))

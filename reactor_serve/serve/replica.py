@@ -1,7 +1,7 @@
 """`ModelReplica`: one model instance in a Serve replica; it owns its session.
 
 The replica loads the model once in `__init__` and runs its sessions with the same
-`SingleSessionBackend` that `reactor run` uses, so the session's life (orphaned on a network
+`SeatedSessionBackend` that `reactor run` uses, so the session's life (orphaned on a network
 drop, resumed by a new offer, ended with `sessionEnded`) is one implementation.
 
 A session's slot is one long streaming call, `session({"session_id"})`, issued by the
@@ -37,7 +37,7 @@ from reactor_serve.runtime.startup_heap import freeze_startup_heap
 from reactor_serve.serve import metrics
 from reactor_serve.serve.session_directory import SessionDirectory
 from reactor_serve.sessions.contract import AnswerPending, ClientIdentity, SessionState
-from reactor_serve.sessions.single_session import SingleSessionBackend
+from reactor_serve.sessions.seated_sessions import SeatedSessionBackend
 from reactor_serve.sessions.uploads.settings import UploadSettings
 
 __all__ = ["SERVE_ACTOR_NAMESPACE", "ModelReplica", "control_call"]
@@ -80,7 +80,7 @@ class ModelReplica:
         self.host.start()
         self.settings = WebRTCSettings.model_validate(settings)
         self.max_session_s = max_session_s
-        self.sessions = SingleSessionBackend(self.host, self.settings)
+        self.sessions = SeatedSessionBackend(self.host, self.settings)
         # Ready to serve, the session machinery imported: out of later collections.
         freeze_startup_heap()
         # The model's recording settings (config and serve_config.yaml, validated).
@@ -242,7 +242,7 @@ class ModelReplica:
                     f"the session reached its longest allowed time ({self.max_session_s:g} s)",
                 )
                 return
-            stats = self.sessions.stats()
+            stats = self.sessions.stats(session_id)
             if stats:
                 if not first_frame_seen and stats.get("presented"):
                     first_frame_seen = True
@@ -363,7 +363,7 @@ def control_call(actor_self: Any, op: str, session_id: str, args: dict[str, Any]
 _VIEWER_OPS = ("viewer_link", "viewer_revoke", "watch_info", "watch_offer", "watch_poll")
 
 
-async def _viewer_op(sessions: SingleSessionBackend, op: str, session_id: str, args: dict[str, Any]) -> Any:
+async def _viewer_op(sessions: SeatedSessionBackend, op: str, session_id: str, args: dict[str, Any]) -> Any:
     """A viewer-link operation on the replica's session. The watch ops check the token
     against the session's own (the ingress found the session by the token)."""
     if op == "viewer_link":

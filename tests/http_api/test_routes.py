@@ -1,6 +1,6 @@
 """The session HTTP API (docs/protocol.md): its HTTP shape over a small in-test backend
 implementing `SessionBackend` (no WebRTC), then `reactor run`'s app with the real
-SingleSessionBackend.
+SeatedSessionBackend.
 
 Each middleware's own rules are tested in middleware/; here is what needs the whole
 stack: the routes mounted under a prefix or a root path, behind every middleware."""

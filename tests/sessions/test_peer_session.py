@@ -33,7 +33,7 @@ async def serve(host_of):
     async def open_session(model, settings=None, *, inputs=None, ping=True):
         host = model if isinstance(model, ModelHost) else host_of(model)
         # Grace 0: these tests end a session by closing the client's connection, as
-        # before orphaned sessions existed (tests/sessions/test_single_session.py has those).
+        # before orphaned sessions existed (tests/sessions/test_seated_sessions.py has those).
         peer = PeerSession(
             host, settings or WebRTCSettings(loopback_candidates=True, reconnect_grace_s=0)
         )

@@ -23,11 +23,31 @@ import threading
 import time
 from typing import Any, Callable
 
-from reactor_serve.runtime.isolation.frame_ring import FrameWriter, SlotRef
+from reactor_serve.runtime.isolation.frame_ring import (
+    FrameWriter,
+    RingAnnouncement,
+    SlotRef,
+)
 from reactor_serve.runtime.isolation.process_channel import ProcessChannel
 from reactor_serve.runtime.pacing.output_buffer import FrameItem, check_fps
 
-__all__ = ["ForwardedOutput"]
+__all__ = ["ForwardedOutput", "SeatLink"]
+
+
+class SeatLink:
+    """One seat's end of the model process's channel: what the seat's output port
+    sends is tagged `("seat", seat, op, *args)` for the media process to route to
+    that seat's buffer."""
+
+    def __init__(self, channel: ProcessChannel, seat: int) -> None:
+        self._channel = channel
+        self.seat = seat
+
+    def send(self, *message: Any) -> bool:
+        return self._channel.send("seat", self.seat, *message)
+
+    def send_ring(self, announcement: RingAnnouncement) -> bool:
+        return self._channel.send_ring(announcement)
 
 
 class ForwardedOutput:
@@ -42,17 +62,27 @@ class ForwardedOutput:
 
     def __init__(
         self,
-        channel: ProcessChannel,
+        channel: ProcessChannel | SeatLink,
         capacity: int,
         fps: float,
         clock: Callable[[], float] = time.monotonic,
         max_bytes: int = 1 << 30,
+        *,
+        writer: FrameWriter | None = None,
+        ring_lock: threading.Lock | None = None,
     ) -> None:
         self._channel = channel
         self.clock = clock
         self._target_fps = check_fps(fps)
         # Past `max_bytes` of rings, an emit waits for the media process to free slots.
-        self._writer = FrameWriter("reactor-frames", capacity + self.SPARE_SLOTS, max_bytes)
+        # Seats of one model process share one `writer` (the media process reads it
+        # with one reader); `ring_lock`, shared with it, keeps each new ring's
+        # announcement ahead of every ref into that ring, whichever seat sends first.
+        self._writer = writer or FrameWriter(
+            "reactor-frames", capacity + self.SPARE_SLOTS, max_bytes
+        )
+        self._owns_writer = writer is None
+        self._ring_lock = ring_lock or threading.Lock()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._epoch = 0
@@ -141,7 +171,8 @@ class ForwardedOutput:
             waiting = [c.wake for c in self._crossings.values()]
         for wake in waiting:
             wake()
-        self._writer.close()
+        if self._owns_writer:
+            self._writer.close()
 
     # ---- the crossing -------------------------------------------------------------------
 
@@ -204,16 +235,16 @@ class ForwardedOutput:
     ) -> tuple[dict[str, SlotRef], dict[str, Any], tuple[Any, ...], dict[str, bytes]] | None:
         refs: dict[str, SlotRef] = {}
         for track, frame in item.video.items():
-            written = self._writer.write(frame)
+            with self._ring_lock:
+                written = self._writer.write(frame)
+                if written is not None and written[1] is not None:
+                    self._channel.send_ring(written[1])
             if written is None:
                 # This item's other tracks never cross: their slots go back now.
                 for ref in refs.values():
                     self._writer.release(ref.generation, ref.index)
                 return None
-            ref, announcement = written
-            if announcement is not None:
-                self._channel.send_ring(announcement)
-            refs[track] = ref
+            refs[track] = written[0]
         return refs, item.audio, item.answers, item.metadata
 
 

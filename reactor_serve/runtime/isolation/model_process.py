@@ -61,7 +61,8 @@ from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.runtime.loading.model_spec import ModelSpec, inspect_model
 from reactor_serve.runtime.pacing.frames import audio_chunk, video_batch
 from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
-from reactor_serve.runtime.session import EndReason, Session, SessionSink
+from reactor_serve.runtime.seats import seat_count
+from reactor_serve.runtime.session import EndReason, Session, SessionHost, SessionSink
 from reactor_serve.runtime.startup_heap import freeze_startup_heap
 from reactor_serve.runtime.stepping import StepFailure, StepOutcome
 
@@ -78,14 +79,18 @@ def in_process_requested() -> bool:
 
 
 def hosted_model(
-    path: str | Path, in_process: bool | None = None, env: dict[str, str] | None = None
+    path: str | Path, in_process: bool | None = None, env: dict[str, str] | None = None,
+    seats: int | None = None,
 ) -> ModelProcess | ModelHost:
     """The model directory at `path`, ready to `start()`: in a process of its own (with
     `env` added to its environment), or (`in_process`, default from
-    `REACTOR_IN_PROCESS`) on a thread of this one."""
+    `REACTOR_IN_PROCESS`) on a thread of this one. `seats`: sessions served at once
+    (default: the model config's `sessions_per_replica`, else 1)."""
     if in_process is None:
         in_process = in_process_requested()
-    return ModelHost.from_manifest(path) if in_process else ModelProcess(path, env=env)
+    if in_process:
+        return ModelHost.from_manifest(path, seats=seats)
+    return ModelProcess(path, env=env, seats=seats)
 
 
 class ModelProcess:
@@ -105,7 +110,8 @@ class ModelProcess:
     INPUT_MAX_BYTES = 256 << 20
 
     def __init__(
-        self, path: str | Path, *, name: str | None = None, env: dict[str, str] | None = None
+        self, path: str | Path, *, name: str | None = None, env: dict[str, str] | None = None,
+        seats: int | None = None,
     ) -> None:
         manifest = load_manifest(path)
         # Added to this process's environment for the model process.
@@ -114,13 +120,25 @@ class ModelProcess:
         self.model_dir = str(manifest.root)
         self.spec: ModelSpec = inspect_model(model_cls, name or manifest.name)
         self.config: ModelConfig = model_config(model_cls, manifest.config)
-        self.output_buffer = OutputBuffer(self.spec.buffer_size, self.spec.fps)
+        # Sessions served at once by the one model process (runtime/seats.py): each
+        # seat has its output buffer here; this object is the first seat.
+        count = seat_count(self.config, self.spec.name, seats)
+        self.output_buffers = [
+            OutputBuffer(self.spec.buffer_size, self.spec.fps) for _ in range(count)
+        ]
+        self.output_buffer = self.output_buffers[0]
+        self.seats: list[SessionHost] = [self, *(_Seat(self, k) for k in range(1, count))]
         self._errors_before = 0
         self._closing = False
         self._supervisor: ChildSupervisor[_Child] | None = None
-        self._placements: queue.Queue[tuple[_Child, tuple[Any, ...]] | None] = queue.Queue()
-        self._placer: threading.Thread | None = None
+        # Per seat, its emits on their way into its buffer, placed by its own thread
+        # (a full buffer holds back that seat's model only).
+        self._placements: list[queue.Queue[tuple[_Child, tuple[Any, ...]] | None]] = [
+            queue.Queue() for _ in range(count)
+        ]
+        self._placers: list[threading.Thread] = []
         self._sessions: dict[str, Session] = {}
+        self._seat_of: dict[str, int] = {}
         self._ends: dict[str, concurrent.futures.Future[None]] = {}
         self._lock = threading.Lock()
         self._step_ids = 0
@@ -131,8 +149,13 @@ class ModelProcess:
     def start(self, timeout: float | None = None) -> None:
         """Start the model process and wait until the model is loaded. Raises
         ModelLoadError (with the child's traceback) when the first load fails."""
-        self._placer = threading.Thread(target=self._place, name="reactor-placer", daemon=True)
-        self._placer.start()
+        self._placers = [
+            threading.Thread(target=self._place, args=(seat,), name=f"reactor-placer-{seat}",
+                             daemon=True)
+            for seat in range(len(self.seats))
+        ]
+        for placer in self._placers:
+            placer.start()
         self._supervisor = ChildSupervisor(
             f"model {self.spec.name}",
             self._spawn,
@@ -201,8 +224,13 @@ class ModelProcess:
 
     @property
     def session(self) -> Session | None:
+        """The first seat's live session."""
+        return self._seat_session(0)
+
+    def _seat_session(self, seat: int) -> Session | None:
         with self._lock:
-            return next(iter(self._sessions.values()), None)
+            return next((s for sid, s in self._sessions.items() if self._seat_of[sid] == seat),
+                        None)
 
     def shutdown(self, timeout: float = 15.0) -> None:
         """End any live session (its @disconnected hooks run), stop the model process."""
@@ -211,7 +239,8 @@ class ModelProcess:
             self._supervisor.stop(timeout)
         for session in list(self._sessions.values()):
             self._abandon(session, EndReason.SHUTDOWN, None)
-        self._placements.put(None)
+        for placements in self._placements:
+            placements.put(None)
 
     # ---- the child, supervised -------------------------------------------------------
 
@@ -232,6 +261,8 @@ class ModelProcess:
             str(theirs.fileno()),
             "--parent-pid",
             str(os.getpid()),
+            "--seats",
+            str(len(self.seats)),
             self.model_dir,
         ]
         process = subprocess.Popen(command, env=env, pass_fds=(theirs.fileno(),))
@@ -258,7 +289,8 @@ class ModelProcess:
             self._abandon(session, EndReason.SHUTDOWN if why is None else EndReason.ERROR, why)
         # Frames it made are views of its memory: drop them, and the mappings go
         # with the last view.
-        self.output_buffer.flush()
+        for buffer in self.output_buffers:
+            buffer.flush()
         child.outputs.close()
         child.inputs.close()
         child.channel.close()
@@ -269,10 +301,12 @@ class ModelProcess:
     # ---- sessions ------------------------------------------------------------------------
 
     async def open_session(
-        self, sink: SessionSink, session_id: str | None = None, *, stepped: bool = False
+        self, sink: SessionSink, session_id: str | None = None, *, stepped: bool = False,
+        seat: int = 0,
     ) -> Session:
-        """Connect a client. Raises SessionBusy if one is live, RuntimeError if the
-        model is not loaded (a restarting one is waited for, up to OPEN_WAIT_S)."""
+        """Connect a client to `seat`. Raises SessionBusy if one is live there,
+        RuntimeError if the model is not loaded (a restarting one is waited for, up to
+        OPEN_WAIT_S)."""
         if not self.healthy:
             raise RuntimeError(f"model {self.spec.name!r} is not loaded")
         supervisor = self._supervisor
@@ -284,25 +318,28 @@ class ModelProcess:
                     raise RuntimeError(f"model {self.spec.name!r} is restarting; try again")
             child = self._child
             assert child is not None
-            session = await self._open_on(child, sink, session_id, stepped)
+            session = await self._open_on(child, sink, session_id, stepped, seat)
             if session is not None:
                 return session
             # The model process died while the session opened: the next one takes it.
         raise RuntimeError(f"model {self.spec.name!r}: the model process keeps dying")
 
     async def _open_on(
-        self, child: _Child, sink: SessionSink, session_id: str | None, stepped: bool
+        self, child: _Child, sink: SessionSink, session_id: str | None, stepped: bool,
+        seat: int,
     ) -> Session | None:
-        session = Session(self, sink, session_id, stepped=stepped)
+        session = Session(self.seats[seat], sink, session_id, stepped=stepped)
         answer: concurrent.futures.Future[tuple[str, str | None]] = concurrent.futures.Future()
         with self._lock:
-            if self._sessions:
-                raise SessionBusy(f"model {self.spec.name!r} is busy with another session")
+            if seat in self._seat_of.values():
+                raise SessionBusy(f"model {self.spec.name!r} is busy with another session"
+                                  + (f" on seat {seat}" if len(self.seats) > 1 else ""))
             self._sessions[session.id] = session
+            self._seat_of[session.id] = seat
             self._ends[session.id] = concurrent.futures.Future()
         with child.lock:
             child.opens[session.id] = answer
-        if not child.channel.send("open", session.id, stepped):
+        if not child.channel.send("open", session.id, stepped, seat):
             answer.set_result(("error", "the model process is gone"))
         outcome, detail = await asyncio.wrap_future(answer)
         if outcome == "busy":
@@ -415,6 +452,7 @@ class ModelProcess:
     def _forget(self, session: Session) -> None:
         with self._lock:
             self._sessions.pop(session.id, None)
+            self._seat_of.pop(session.id, None)
             ended = self._ends.pop(session.id, None)
         if ended is not None and not ended.done():
             ended.set_result(None)
@@ -423,9 +461,8 @@ class ModelProcess:
 
     def _receive(self, child: _Child, message: tuple[Any, ...]) -> None:
         op, args = message[0], message[1:]
-        buffer = self.output_buffer
-        if op == "emit":
-            self._placements.put((child, args))
+        if op == "seat":
+            self._receive_for_seat(child, args[0], args[1], args[2:])
         elif op == "message":
             session = self._sessions.get(args[0])
             if session is not None:
@@ -434,15 +471,6 @@ class ModelProcess:
             session = self._sessions.get(args[0])
             if session is not None:
                 session.count_coalesced(args[1])
-        elif op in ("flush", "drop_stale", "restart"):
-            # Before the buffer changes: an emit of the old epoch waiting for room
-            # sees it and discards the rest, as in one process.
-            child.epoch = args[0]
-            {"flush": buffer.flush, "drop_stale": buffer.drop_stale, "restart": buffer.restart}[op]()
-        elif op == "set_fps":
-            buffer.set_fps(args[0])
-        elif op == "monitoring":
-            buffer.rate.set_monitoring(args[0], args[1])
         elif op == "ended":
             session_id, reason, detail, errors = args
             child.errors = errors
@@ -462,19 +490,37 @@ class ModelProcess:
         else:
             log.error("unknown message %r from the model process", op)
 
-    def _place(self) -> None:
-        """Queues emits in the output buffer, in order, waiting for room as `emit`
-        does, then answers the model so its emit returns."""
-        while (work := self._placements.get()) is not None:
+    def _receive_for_seat(self, child: _Child, seat: int, op: str, args: tuple[Any, ...]) -> None:
+        """What one seat's output port sent (runtime/isolation/forwarded_output.py)."""
+        buffer = self.output_buffers[seat]
+        if op == "emit":
+            self._placements[seat].put((child, args))
+        elif op in ("flush", "drop_stale", "restart"):
+            # Before the buffer changes: an emit of the old epoch waiting for room
+            # sees it and discards the rest, as in one process.
+            child.epochs[seat] = args[0]
+            {"flush": buffer.flush, "drop_stale": buffer.drop_stale, "restart": buffer.restart}[op]()
+        elif op == "set_fps":
+            buffer.set_fps(args[0])
+        elif op == "monitoring":
+            buffer.rate.set_monitoring(args[0], args[1])
+        else:
+            log.error("unknown message %r from seat %d of the model process", op, seat)
+
+    def _place(self, seat: int) -> None:
+        """Queues one seat's emits in its output buffer, in order, waiting for room
+        as `emit` does, then answers the model so its emit returns."""
+        while (work := self._placements[seat].get()) is not None:
             child, emit = work
             try:
-                self._place_emit(child, *emit)
+                self._place_emit(child, seat, *emit)
             except Exception:
                 log.exception("model %s: placing an emit failed", self.spec.name)
 
     def _place_emit(
         self,
         child: _Child,
+        seat: int,
         emit_id: int,
         epoch: int,
         at: float | None,
@@ -485,7 +531,7 @@ class ModelProcess:
             tuple[dict[str, Any], dict[str, Any], tuple[FrameAnswer, ...], dict[str, bytes]]
         ],
     ) -> None:
-        buffer = self.output_buffer
+        buffer = self.output_buffers[seat]
         if child.dead:
             return  # its rings are gone with it
         items = [
@@ -504,11 +550,73 @@ class ModelProcess:
         buffer.put_blocking(
             items,
             drop,
-            should_stop=lambda: child.dead or child.epoch != epoch or self._closing,
+            should_stop=lambda: child.dead or child.epochs[seat] != epoch or self._closing,
         )
         del items
         if emit_id:
-            child.channel.send("placed", emit_id)
+            child.channel.send("placed", seat, emit_id)
+
+
+class _Seat:
+    """A seat of a `ModelProcess` after its first: a `SessionHost` with its own output
+    buffer, whose sessions the process serves."""
+
+    def __init__(self, process: ModelProcess, seat: int) -> None:
+        self._process = process
+        self.seat = seat
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._process.spec
+
+    @property
+    def config(self) -> Any:
+        return self._process.config
+
+    @property
+    def output_buffer(self) -> OutputBuffer:
+        return self._process.output_buffers[self.seat]
+
+    @property
+    def healthy(self) -> bool:
+        return self._process.healthy
+
+    @property
+    def load_error(self) -> Exception | None:
+        return self._process.load_error
+
+    @property
+    def model_errors(self) -> int:
+        return self._process.model_errors
+
+    @property
+    def restarts(self) -> int:
+        return self._process.restarts
+
+    @property
+    def session(self) -> Session | None:
+        return self._process._seat_session(self.seat)
+
+    async def open_session(
+        self, sink: SessionSink, session_id: str | None = None, *, stepped: bool = False
+    ) -> Session:
+        return await self._process.open_session(sink, session_id, stepped=stepped, seat=self.seat)
+
+    async def step(
+        self, session: Session, state: dict[str, Any], commands: list[tuple[str, Any]]
+    ) -> StepOutcome:
+        return await self._process.step(session, state, commands)
+
+    def push_input(self, session: Session, track: str, frame: Any) -> None:
+        self._process.push_input(session, track, frame)
+
+    def submit_command(
+        self, session: Session, name: str, data: Any, ticket: CommandTicket | None = None
+    ) -> None:
+        self._process.submit_command(session, name, data, ticket)
+
+    async def end_session(self, session: Session, reason: str, detail: str | None = None) -> None:
+        await self._process.end_session(session, reason, detail)
 
 
 class _Child:
@@ -523,7 +631,8 @@ class _Child:
         self.opens: dict[str, concurrent.futures.Future[tuple[str, str | None]]] = {}
         # Steps asked of the model process, by id, until it answers (or dies).
         self.steps: dict[int, concurrent.futures.Future[StepOutcome]] = {}
-        self.epoch = 0
+        # Per seat, the epoch of its output port's last flush.
+        self.epochs = [0] * len(owner.seats)
         self.errors = 0
         self.dead = False
         # The model's output frames; a slot goes back to it (in the ring's slot states,

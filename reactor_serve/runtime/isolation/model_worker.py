@@ -22,8 +22,8 @@ from typing import Any
 
 from reactor_serve.interface.tracks import InputFrame
 from reactor_serve.runtime.host import ModelHost, ModelLoadError, SessionBusy
-from reactor_serve.runtime.isolation.forwarded_output import ForwardedOutput
-from reactor_serve.runtime.isolation.frame_ring import FrameReader, SlotRef
+from reactor_serve.runtime.isolation.forwarded_output import ForwardedOutput, SeatLink
+from reactor_serve.runtime.isolation.frame_ring import FrameReader, FrameWriter, SlotRef
 from reactor_serve.runtime.isolation.process_channel import (
     ChannelClosed,
     ProcessChannel,
@@ -37,12 +37,17 @@ log = logging.getLogger("reactor_serve.runtime")
 
 
 class _Worker:
-    def __init__(self, channel: ProcessChannel, model_dir: str, parent_pid: int) -> None:
+    def __init__(
+        self, channel: ProcessChannel, model_dir: str, parent_pid: int, seats: int = 1
+    ) -> None:
         self.channel = channel
         self.model_dir = model_dir
         self.parent_pid = parent_pid
+        self.seat_total = seats
         self.host: ModelHost | None = None
-        self.output: ForwardedOutput | None = None
+        # Each seat's output port, by seat.
+        self.outputs: list[ForwardedOutput] = []
+        self._writer: FrameWriter | None = None
         # Input frames arrive in the media process's rings; a slot goes back to it (in
         # the ring's slot states, no message) when the model's last view of it dies.
         self.inputs = FrameReader()
@@ -76,8 +81,22 @@ class _Worker:
             manifest = load_manifest(self.model_dir)
             model_cls = manifest.load_class()
             spec = inspect_model(model_cls, manifest.name)
-            self.output = ForwardedOutput(self.channel, spec.buffer_size, spec.fps)
-            self.host = ModelHost(model_cls, manifest.config, name=manifest.name, output=self.output)
+            # One writer for every seat: the media process maps its rings once.
+            writer = FrameWriter(
+                "reactor-frames",
+                self.seat_total * (spec.buffer_size + ForwardedOutput.SPARE_SLOTS),
+            )
+            ring_lock = threading.Lock()
+            self.outputs = [
+                ForwardedOutput(SeatLink(self.channel, seat), spec.buffer_size, spec.fps,
+                                writer=writer, ring_lock=ring_lock)
+                for seat in range(self.seat_total)
+            ]
+            self._writer = writer
+            self.host = ModelHost(
+                model_cls, manifest.config, name=manifest.name, output=self.outputs[0],
+                seats=self.seat_total, seat_outputs=self.outputs[1:],
+            )
             started = time.monotonic()
             self.host.start(
                 on_loaded=lambda: self.channel.send("loaded", round(time.monotonic() - started, 3))
@@ -115,8 +134,10 @@ class _Worker:
         # After a failure the media process tells the session why, from our exit.
         if host is not None and not self.failed:
             host.shutdown()
-        if self.output is not None:
-            self.output.close()
+        for output in self.outputs:
+            output.close()
+        if self._writer is not None:
+            self._writer.close()
 
     # ---- requests from the media process ---------------------------------------------
 
@@ -133,10 +154,9 @@ class _Worker:
 
     def _dispatch(self, message: tuple[Any, ...]) -> None:
         op, args = message[0], message[1:]
-        host, output = self.host, self.output
-        assert host is not None and output is not None
         if op == "placed":
-            output.placed(*args)
+            seat, emit_id = args
+            self.outputs[seat].placed(emit_id)
         elif op == "input":
             session_id, track, frame, tags = args
             session = self.sessions.get(session_id)
@@ -150,14 +170,14 @@ class _Worker:
                     frame = self.inputs.view(frame)
                     if tags is not None:
                         frame = InputFrame.tag(frame, *tags)
-                host.push_input(session, track, frame)
+                session.host.push_input(session, track, frame)
             except (KeyError, ValueError) as exc:
                 log.warning("input frame for %r refused: %s", track, exc)
         elif op == "command":
             session_id, name, data, ticket = args
             session = self.sessions.get(session_id)
             if session is not None:
-                host.submit_command(session, name, data, ticket)
+                session.host.submit_command(session, name, data, ticket)
         elif op == "open":
             asyncio.run_coroutine_threadsafe(self._open(*args), self.loop)
         elif op == "step":
@@ -169,11 +189,12 @@ class _Worker:
         else:
             log.error("the model process got an unknown request %r", op)
 
-    async def _open(self, session_id: str, stepped: bool = False) -> None:
+    async def _open(self, session_id: str, stepped: bool = False, seat: int = 0) -> None:
         assert self.host is not None
         sink = _ForwardingSink(self, session_id)
         try:
-            session = await self.host.open_session(sink, session_id, stepped=stepped)
+            host = self.host.seats[seat]
+            session = await host.open_session(sink, session_id, stepped=stepped)
         except SessionBusy as exc:
             self.channel.send("open_failed", session_id, "busy", str(exc))
             return
@@ -193,7 +214,7 @@ class _Worker:
             outcome = StepOutcome(StepFailure.SESSION_ENDED, "the session has ended")
         else:
             try:
-                outcome = await self.host.step(session, state, commands)
+                outcome = await session.host.step(session, state, commands)
             except Exception as exc:
                 log.exception("a step failed")
                 outcome = StepOutcome(StepFailure.FAILED, f"{type(exc).__name__}: {exc}")
@@ -203,7 +224,7 @@ class _Worker:
         assert self.host is not None
         session = self.sessions.get(session_id)
         if session is not None:
-            await self.host.end_session(session, reason, detail)
+            await session.host.end_session(session, reason, detail)
 
 
 class _ForwardingSink:
@@ -265,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="reactor-model-process")
     parser.add_argument("--channel-fd", type=int, required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--seats", type=int, default=1)
     parser.add_argument("model_dir")
     args = parser.parse_args(argv)
     _die_with_parent(args.parent_pid)
@@ -273,7 +295,8 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO,
         format=f"%(asctime)s %(levelname)s model-process[{os.getpid()}] %(name)s: %(message)s",
     )
-    worker = _Worker(ProcessChannel.from_fd(args.channel_fd), args.model_dir, args.parent_pid)
+    worker = _Worker(ProcessChannel.from_fd(args.channel_fd), args.model_dir, args.parent_pid,
+                     args.seats)
     code = worker.run()
     logging.shutdown()
     # Without the interpreter's teardown: model threads that never return (a CUDA

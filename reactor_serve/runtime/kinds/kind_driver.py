@@ -114,7 +114,8 @@ class KindDriver(Protocol):
         """Load the bound model (`load(config)`, awaited if async)."""
 
     def loaded(self) -> None:
-        """The model is loaded: start what lives as long as it does."""
+        """The model is loaded (or, for another seat, its copy of the loaded one is
+        bound), on the model loop: start what lives as long as it does."""
 
     def start_session(self, session: Session) -> None:
         """The client is connected and the `@connected` hooks ran: start producing."""

@@ -53,11 +53,11 @@ class PipelineDriver:
         return self._host.spec.cls()
 
     async def load(self, model: Any, config: Any) -> None:
-        self._wakeup = asyncio.Event()
         await call_model(model.load, config)
 
     def loaded(self) -> None:
-        pass
+        # On the model loop, for the loaded model and for each seat's copy of it.
+        self._wakeup = asyncio.Event()
 
     def start_session(self, session: Session) -> None:
         self._task = self._host.spawn(self._drive(session))

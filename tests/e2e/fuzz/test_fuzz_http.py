@@ -2,7 +2,7 @@
 corpus of hostile requests, and every answer must be a 4xx (or a success), never a
 5xx; afterwards a normal client still starts a session and receives video.
 
-The app is `create_app("examples/gradient")` with the real SingleSessionBackend, served
+The app is `create_app("examples/gradient")` with the real SeatedSessionBackend, served
 in-process through httpx's ASGITransport (the WebRTC of the final check runs over
 loopback UDP as usual).
 

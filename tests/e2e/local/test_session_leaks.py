@@ -8,7 +8,7 @@ data-channel handler, the aiortc connection) must be collectable, and the proces
 and backend-level tables must hold nothing of them: those are what made each
 session's memory stay for good. benchmarks/soak.py shows the same as RSS.
 
-The SingleSessionBackend here is also what a Serve replica runs its sessions on
+The SeatedSessionBackend here is also what a Serve replica runs its sessions on
 (serve/replica.py), so this covers the replica's side too.
 """
 
@@ -33,7 +33,7 @@ def _track_peers(backend):
     factory = backend._peer_factory
 
     def tracking(*args, **kwargs):
-        from reactor_serve.sessions.single_session import _default_peer_factory
+        from reactor_serve.sessions.seated_sessions import _default_peer_factory
 
         peer = (factory or _default_peer_factory())(*args, **kwargs)
         made.append(weakref.ref(peer))
@@ -71,7 +71,7 @@ async def _one_session(server, backend):
                         for r in client.input_latency()),
             20, "the commanded frame",
         )
-        peer = backend.live_peer
+        peer = backend.live_peer(client.session_id)
         assert peer is not None
         parts = _parts_of(peer)
     finally:
@@ -100,11 +100,11 @@ def _alive(refs, timeout=10.0):
 
 @pytest.mark.parametrize("in_process", [False, True], ids=["model-process", "in-process"])
 async def test_ended_sessions_leave_nothing_alive(monkeypatch, in_process):
-    from reactor_serve.sessions import single_session
+    from reactor_serve.sessions import seated_sessions
 
     monkeypatch.setenv("REACTOR_IN_PROCESS", "1" if in_process else "0")
     trims = []
-    monkeypatch.setattr(single_session, "release_freed_memory", lambda: trims.append(1))
+    monkeypatch.setattr(seated_sessions, "release_freed_memory", lambda: trims.append(1))
     with DevServer(GRADIENT) as server:
         backend = server.app.state.backend
         host = server.app.state.host

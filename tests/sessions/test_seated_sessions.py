@@ -1,6 +1,6 @@
 """A session's life on one host: created -> waiting -> streaming -> orphaned -> ended.
 
-PeerSession and SingleSessionBackend over real aiortc peers on 127.0.0.1, plus the runtime's
+PeerSession and SeatedSessionBackend over real aiortc peers on 127.0.0.1, plus the runtime's
 side (input buffers per session, the bounded command queue). Grace windows are short
 (1 to 2 s) to keep the tests quick; nothing here asserts a speed.
 """
@@ -43,7 +43,7 @@ from reactor_serve.scaffold import init_model
 from reactor_serve.sessions.candidates import parse_candidates
 from reactor_serve.sessions.contract import ClientIdentity, SessionState
 from reactor_serve.sessions.peer_session import PeerSession
-from reactor_serve.sessions.single_session import SingleSessionBackend
+from reactor_serve.sessions.seated_sessions import SeatedSessionBackend
 
 # --------------------------------------------------------------------------- models
 
@@ -463,7 +463,7 @@ def test_candidates_must_be_a_short_list():
     assert [c.candidate for c in parse_candidates([], is_final=True)] == [None]
 
 
-# --------------------------------------------------------------------------- SingleSessionBackend
+# --------------------------------------------------------------------------- SeatedSessionBackend
 
 
 def backend_signal(backend, sid, connection_id=None, trickle=False):
@@ -494,7 +494,7 @@ async def backends():
 
     def make(host, **kw):
         grace = kw.pop("grace", 30)
-        backend = SingleSessionBackend(host, settings(reconnect_grace_s=grace), **kw)
+        backend = SeatedSessionBackend(host, settings(reconnect_grace_s=grace), **kw)
         made.append(backend)
         return backend
 
@@ -620,7 +620,7 @@ async def test_backend_registered_connection_with_trickled_candidates(host_of, b
     client = clients(host)
     await client.connect(backend_signal(backend, sid, connection_id=cid, trickle=True))
     await frames_after(client, 2)
-    assert backend.stats()["presented"] > 0
+    assert backend.stats(sid)["presented"] > 0
 
 
 async def test_backend_malformed_offer_is_rejected_at_once(host_of, backends):

@@ -1,8 +1,10 @@
-"""`SingleSessionBackend`: the sessions of one `SessionHost`, one live at a time.
+"""`SeatedSessionBackend`: the sessions of one model host, one live per seat.
 
 It implements the `SessionBackend` contract (sessions/contract.py) for `reactor run`
-and for each Serve replica's one slot: one live session at a time, as the host allows;
-an orphaned session counts as live until its client reconnects or its grace ends.
+and for each Serve replica: a host has one seat, or `sessions_per_replica` seats over
+one loaded model (runtime/seats.py), and each seat serves one live session at a time.
+An orphaned session counts as live, holding its seat, until its client reconnects or
+its grace ends.
 """
 
 from __future__ import annotations
@@ -60,9 +62,9 @@ if TYPE_CHECKING:
     from reactor_serve.sessions.peer_session import PeerSession
     from reactor_serve.sessions.viewers.room import ViewerRoom
 
-__all__ = ["HeldSession", "SingleSessionBackend"]
+__all__ = ["HeldSession", "SeatedSessionBackend"]
 
-log = logging.getLogger("reactor_serve.sessions.single_session")
+log = logging.getLogger("reactor_serve.sessions.seated_sessions")
 
 PeerFactory = Callable[..., "PeerSession"]
 
@@ -76,19 +78,22 @@ def _default_peer_factory() -> PeerFactory:
 
 
 class _Slot:
-    """One session of the SingleSessionBackend: its PeerSession and its negotiations."""
+    """One session of the SeatedSessionBackend: its seat, its PeerSession and its
+    negotiations."""
 
     def __init__(
         self,
+        seat: SessionHost,
         info: SessionInfo,
         client: ClientIdentity,
         peer: PeerSession,
         negotiations: Negotiations,
         uploads: SessionUploads,
     ) -> None:
+        self.seat = seat
         self.info = info
         self.client = client
-        # None once the session has ended (SingleSessionBackend._release).
+        # None once the session has ended (SeatedSessionBackend._release).
         self.peer: PeerSession | None = peer
         self.negotiations = negotiations
         self.uploads = uploads
@@ -113,13 +118,13 @@ class HeldSession:
     answering: tuple[asyncio.Task[str] | None, ...]
 
 
-class SingleSessionBackend:
-    """A `SessionBackend` for one `SessionHost` (the model in its own process, or in
-    this one): one live session at a time.
+class SeatedSessionBackend:
+    """A `SessionBackend` for one model host (the model in its own process, or in
+    this one): one live session per seat.
 
-    An orphaned session is live: it holds the model (and its state) until its client
-    reconnects or the grace ends, so a new session meanwhile gets 409 with a
-    Retry-After of the grace left. Ended sessions are remembered (bounded), so a late
+    An orphaned session is live: it holds its seat (and its state) until its client
+    reconnects or the grace ends, so with every seat held a new session gets 409 with
+    a Retry-After of the soonest grace or offer wait to end. Ended sessions are remembered (bounded), so a late
     poll, offer or stop learns that the session ended and why.
     """
 
@@ -144,6 +149,8 @@ class SingleSessionBackend:
         peer_factory: PeerFactory | None = None,
     ) -> None:
         self._host = host
+        # A `SeatedHost` offers its seats; any other `SessionHost` is one seat.
+        self._seats: list[SessionHost] = list(getattr(host, "seats", None) or [host])
         # This node's address, port range and transport policy (environment) win; a
         # malformed one fails here, where `reactor run` or a Serve replica starts.
         self._settings = with_node_network(settings)
@@ -164,13 +171,14 @@ class SingleSessionBackend:
         )
         # Told each session's state changes (usage metering); None: nobody listens.
         self.events: SessionEvents | None = None
-        self._current: _Slot | None = None
+        # The live sessions (an orphaned one included), by id, one per seat at most.
+        self._live: dict[str, _Slot] = {}
         self._ended: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
         # Tasks we start, referenced until done (the loop keeps weak references).
         self._tasks: set[asyncio.Task[Any]] = set()
         self.viewer_links: ViewerLinks[_Slot] = ViewerLinks(
             _room_of,
-            lambda slot: slot is self._current and slot.closing is None,
+            lambda slot: self._live.get(slot.info.session_id) is slot and slot.closing is None,
             max_viewers=self._settings.max_viewers,
             model_name=host.spec.name,
         )
@@ -199,7 +207,7 @@ class SingleSessionBackend:
         max_duration_s: float | None = None,
         ends_at: float | None = None,
     ) -> SessionInfo:
-        """Reserve the one session (state `created`). `session_id`: an id chosen by
+        """Reserve a free seat for a new session (state `created`). `session_id`: an id chosen by
         the caller (a Serve replica takes the ingress's), else a fresh random one.
         `max_duration_s` (from now) or `ends_at` (wall-clock seconds, as the ingress
         fixed it when the session was created): when the session is ended with
@@ -212,17 +220,14 @@ class SingleSessionBackend:
                 + (f": {error}" if error is not None else ""),
                 retry_after_s=None if error is not None else self.UNAVAILABLE_RETRY_S,
             )
-        current = self._current
-        if current is not None:
-            raise ModelBusy(
-                f"model {self.spec.name} is busy with another session"
-                + (" (waiting for its client to reconnect)"
-                   if current.info.state == SessionState.ORPHANED else ""),
-                retry_after_s=self._busy_for(current),
-            )
+        seat = self._free_seat()
+        if seat is None:
+            raise self._all_seats_busy()
         sid = session_id or secrets.token_urlsafe(16)
         if sid in self._ended:
             raise self._ended[sid].ended_error()
+        if sid in self._live:
+            raise ModelBusy(f"session {sid[:64]!r} already exists", retry_after_s=None)
         info = SessionInfo(
             session_id=sid,
             state=SessionState.CREATED,
@@ -231,7 +236,7 @@ class SingleSessionBackend:
             generation=generation,
         )
         peer = self._peer_factory(
-            self._host,
+            seat,
             self._settings,
             session_id=sid,
             on_end=self._on_peer_end,
@@ -246,9 +251,9 @@ class SingleSessionBackend:
         uploads = SessionUploads(self.upload_settings)
         # The peer's commands name uploads by id (sessions/uploads/arguments.py).
         peer.uploads = uploads
-        slot = self._current = _Slot(
-            info, client or ClientIdentity(""), peer, Negotiations(sid, self._offer_timeout_s),
-            uploads,
+        slot = self._live[sid] = _Slot(
+            seat, info, client or ClientIdentity(""), peer,
+            Negotiations(sid, self._offer_timeout_s), uploads,
         )
         slot.steps = steps
         self._arm_expiry(slot)
@@ -266,7 +271,7 @@ class SingleSessionBackend:
         return _snapshot(self._slot(session_id))
 
     def live_sessions(self) -> list[SessionInfo]:
-        return [_snapshot(self._current)] if self._current is not None else []
+        return [_snapshot(slot) for slot in self._live.values()]
 
     async def submit_offer(
         self,
@@ -340,31 +345,35 @@ class SingleSessionBackend:
         await self._close(slot, reason, message)
 
     async def stop_unnamed(self, client: ClientIdentity) -> int:
-        slot = self._current
-        if slot is None or slot.client != client or slot.closing is not None:
-            return 0
-        matched = await slot.peer.request_stop_on_close(self.STOP_UNNAMED_WINDOW_S)
-        return 1 if matched else 0
+        stopped = 0
+        for slot in list(self._live.values()):
+            if slot.client != client or slot.closing is not None or slot.peer is None:
+                continue
+            if await slot.peer.request_stop_on_close(self.STOP_UNNAMED_WINDOW_S):
+                stopped += 1
+        return stopped
 
     async def describe_sessions(self) -> list[dict[str, Any]]:
-        slot = self._current
-        if slot is None:
-            return []
-        entry: dict[str, Any] = {
-            "session_id": mask_session_id(slot.info.session_id),
-            "state": slot.info.state,
-            "created_at": slot.info.created_at,
-            "connections": getattr(slot.peer, "connections", 0),
-            "where": "local",
-        }
-        if slot.info.state == SessionState.ORPHANED:
-            entry["reconnect_within_s"] = self._busy_for(slot)
-        return [entry]
+        entries = []
+        for slot in self._live.values():
+            entry: dict[str, Any] = {
+                "session_id": mask_session_id(slot.info.session_id),
+                "state": slot.info.state,
+                "created_at": slot.info.created_at,
+                "connections": getattr(slot.peer, "connections", 0),
+                "where": "local",
+                "seat": self._seats.index(slot.seat),
+            }
+            if slot.info.state == SessionState.ORPHANED:
+                entry["reconnect_within_s"] = self._busy_for(slot)
+            entries.append(entry)
+        return entries
 
     async def health(self) -> dict[str, Any]:
         report: dict[str, Any] = {
             "healthy": self._host.healthy,
-            "live_sessions": 1 if self._current is not None else 0,
+            "live_sessions": len(self._live),
+            "seats": len(self._seats),
             "model": self.spec.name,
         }
         if self._host.load_error is not None:
@@ -376,12 +385,16 @@ class SingleSessionBackend:
 
     def capacity(self) -> dict[str, int]:
         """The same shape as a Serve model's capacity in `GET /models`: one replica
-        (this process; none once the model thread is gone), busy while a session is
-        live (an orphaned one included), and no queue: a second session gets 409."""
+        (this process; none once the model is gone), busy once every seat holds a live
+        session (an orphaned one included), its seats used and free, and no queue: a
+        session with every seat taken gets 409."""
         replicas = 1 if self._host.healthy else 0
-        busy = 1 if self._current is not None and replicas else 0
+        used = len(self._live) if replicas else 0
+        seats = len(self._seats) * replicas
+        busy = 1 if replicas and used >= seats else 0
         return {"replicas": replicas, "starting": 0, "busy": busy, "free": replicas - busy,
-                "waiting": 0, "max_replicas": 1}
+                "waiting": 0, "max_replicas": 1, "seats_per_replica": len(self._seats),
+                "seats_used": used, "seats_free": seats - used}
 
     # ---- UploadBackend ---------------------------------------------------------------
 
@@ -399,10 +412,10 @@ class SingleSessionBackend:
         self._uploads_of(upload_id).write(upload_id, data)
 
     def _uploads_of(self, upload_id: str) -> SessionUploads:
-        current = self._current
-        if current is None or current.closing is not None or not current.uploads.owns(upload_id):
-            raise UnknownUpload(UNKNOWN_UPLOAD)
-        return current.uploads
+        for slot in self._live.values():
+            if slot.closing is None and slot.uploads.owns(upload_id):
+                return slot.uploads
+        raise UnknownUpload(UNKNOWN_UPLOAD)
 
     # ---- ClipBackend -------------------------------------------------------------------
 
@@ -433,7 +446,7 @@ class SingleSessionBackend:
 
     def _served_clips(self, session_id: str) -> ServedClips:
         slot = self._slot(session_id)
-        if slot is not self._current or slot.info.state == SessionState.ENDED or slot.peer is None:
+        if not self._is_live(slot) or slot.info.state == SessionState.ENDED or slot.peer is None:
             raise ClipGone(f"session {session_id} has ended: its clips are gone")
         recordings = slot.peer.recordings
         if recordings is None:
@@ -467,10 +480,10 @@ class SingleSessionBackend:
 
     # ---- for the Serve replica and operators ----------------------------------------
 
-    @property
-    def live_peer(self) -> PeerSession | None:
-        """The live session's PeerSession, or None with no live session."""
-        return self._current.peer if self._current is not None else None
+    def live_peer(self, session_id: str) -> PeerSession | None:
+        """The live session's PeerSession, or None when it is not live."""
+        slot = self._live.get(session_id)
+        return slot.peer if slot is not None else None
 
     def ended_sessions(self) -> list[HeldSession]:
         """What is still held of the ended sessions remembered, oldest first."""
@@ -479,10 +492,13 @@ class SingleSessionBackend:
             for slot in self._ended.values()
         ]
 
-    def stats(self) -> dict[str, Any]:
-        """The live session's numbers (fps, queue depth, ...), or {} with none."""
-        slot = self._current
-        if slot is None or slot.info.state in (SessionState.CREATED, SessionState.ENDED):
+    def stats(self, session_id: str) -> dict[str, Any]:
+        """The live session's numbers (fps, queue depth, ...), or {} when it is not
+        live or not connected yet."""
+        slot = self._live.get(session_id)
+        if slot is None or slot.peer is None or slot.info.state in (
+            SessionState.CREATED, SessionState.ENDED
+        ):
             return {}
         return slot.peer.stats()
 
@@ -511,11 +527,12 @@ class SingleSessionBackend:
     # ---- lifecycle -------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """End the live session, streaming or orphaned (server shutdown): its client
-        gets `sessionEnded{reason: "shutdown"}` before the transport closes."""
-        slot = self._current
-        if slot is not None:
-            await self._close(slot, EndReason.SHUTDOWN, "the server is shutting down")
+        """End every live session, streaming or orphaned (server shutdown): each
+        client gets `sessionEnded{reason: "shutdown"}` before its transport closes."""
+        await asyncio.gather(*(
+            self._close(slot, EndReason.SHUTDOWN, "the server is shutting down")
+            for slot in list(self._live.values())
+        ))
 
     # ---- internals -------------------------------------------------------------------
 
@@ -525,10 +542,33 @@ class SingleSessionBackend:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def _is_live(self, slot: _Slot) -> bool:
+        return self._live.get(slot.info.session_id) is slot
+
+    def _free_seat(self) -> SessionHost | None:
+        taken = {id(slot.seat) for slot in self._live.values()}
+        return next((seat for seat in self._seats if id(seat) not in taken), None)
+
+    def _all_seats_busy(self) -> ModelBusy:
+        """Every seat holds a session: retry when the soonest of them may free its
+        seat (an orphan's grace, an offer's wait), if any is known."""
+        waits = [w for w in map(self._busy_for, self._live.values()) if w is not None]
+        orphaned = all(s.info.state == SessionState.ORPHANED for s in self._live.values())
+        if len(self._seats) == 1:
+            what = "busy with another session"
+        else:
+            what = f"busy: all {len(self._seats)} seats hold a session"
+        return ModelBusy(
+            f"model {self.spec.name} is {what}"
+            + (" (waiting for its client to reconnect)" if orphaned and len(self._seats) == 1
+               else ""),
+            retry_after_s=min(waits) if waits else None,
+        )
+
     def _slot(self, session_id: str) -> _Slot:
-        current = self._current
-        if current is not None and current.info.session_id == session_id:
-            return current
+        live = self._live.get(session_id) if isinstance(session_id, str) else None
+        if live is not None:
+            return live
         slot = self._ended.get(session_id) if isinstance(session_id, str) else None
         if slot is None:
             raise UnknownSession(f"unknown session {str(session_id)[:64]!r}")
@@ -536,7 +576,7 @@ class SingleSessionBackend:
 
     def _live_slot(self, session_id: str) -> _Slot:
         slot = self._slot(session_id)
-        if slot is not self._current or slot.info.state == SessionState.ENDED:
+        if not self._is_live(slot) or slot.info.state == SessionState.ENDED:
             raise slot.ended_error()
         if slot.closing is not None:
             raise UnknownSession(f"session {session_id} is ending")
@@ -563,7 +603,7 @@ class SingleSessionBackend:
         except (BackendError, SessionBusy) as exc:
             # The session may still get a good offer; if none comes, let it expire.
             if (
-                not slot.negotiations.answered and slot is self._current
+                not slot.negotiations.answered and self._is_live(slot)
                 and slot.closing is None
             ):
                 self._arm_expiry(slot)
@@ -586,7 +626,7 @@ class SingleSessionBackend:
 
     def _expire(self, slot: _Slot) -> None:
         # The table checked that no offer was answered or is being answered.
-        if slot is not self._current or slot.closing is not None:
+        if not self._is_live(slot) or slot.closing is not None:
             return
         timeout_s = slot.negotiations.timeout_s
         log.info("session %s got no usable offer within %.0f s; ending it",
@@ -603,7 +643,7 @@ class SingleSessionBackend:
 
     async def _finish(self, slot: _Slot, reason: str, message: str | None) -> None:
         slot.negotiations.cancel_expiry()
-        # Taken now: the peer's end (during its close) releases the slot, which lets
+        # Taken now: the peer's end (during its close) releases the seat, which lets
         # go of both.
         peer, negotiations = slot.peer, slot.negotiations.tasks()
         try:
@@ -622,8 +662,10 @@ class SingleSessionBackend:
             self._release(slot)
 
     def _slot_of(self, peer: PeerSession) -> _Slot | None:
-        slot = self._current
-        return slot if slot is not None and slot.peer is peer else None
+        slot = self._live.get(getattr(peer, "id", None) or "")
+        if slot is not None and slot.peer is peer:
+            return slot
+        return next((s for s in self._live.values() if s.peer is peer), None)
 
     def _on_peer_state(self, peer: PeerSession, state: str) -> None:
         slot = self._slot_of(peer)
@@ -667,8 +709,8 @@ class SingleSessionBackend:
         # Uploaded bytes go with the session, whatever ended it.
         slot.uploads.clear()
         slot.info.state = SessionState.ENDED
-        if self._current is slot:
-            self._current = None
+        if self._is_live(slot):
+            del self._live[slot.info.session_id]
         # A late poll, offer or stop needs the record and the connection ids only. The
         # peer (its aiortc connection, encoders, recorder, viewer room) and the
         # negotiations (a failed one's traceback holds the peer's frames) go now, not

@@ -1,0 +1,39 @@
+"""Seats: several sessions served at once by one loaded model.
+
+A model's config may set `sessions_per_replica: N` (default 1). The host then loads
+the model once and keeps N seats, each serving one session at a time with everything
+of a session its own: its model thread and event loop, `self.state`, `@connected`
+hooks, generator or run loop, input tracks, output buffer and emission clock. What
+`load()` made (the weights) is shared; each seat's model is a shallow copy of the
+loaded one, so what a session *assigns* to `self` stays its own
+(`runtime/shared_state.py` names what a session changes in place instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["MAX_SEATS", "SEATS_KEY", "seat_count"]
+
+SEATS_KEY = "sessions_per_replica"
+# More seats than this on one model is a configuration mistake, not a plan: each is a
+# thread, an output buffer and a peer connection's worth of memory.
+MAX_SEATS = 64
+
+
+def seat_count(
+    config: Mapping[str, Any] | None, model: str, seats: int | None = None
+) -> int:
+    """`seats` when given (a command line's or serve_config.yaml's), else the model
+    config's `sessions_per_replica`, else 1. Raises ValueError naming the field and
+    the model when it is not a whole number from 1 to MAX_SEATS."""
+    value = seats if seats is not None else (config or {}).get(SEATS_KEY, 1)
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SEATS:
+        raise ValueError(
+            f"model {model}: {SEATS_KEY}: expected a whole number from 1 to {MAX_SEATS}, "
+            f"got {value!r}"
+        )
+    return value
