@@ -1,7 +1,7 @@
 """`build_app`: a Serve application from the validated list of models.
 
-One deployment per model (`ModelReplica`, one session per replica, autoscaled by the
-number of sessions) and one stateless ingress, of two or more replicas, in front of
+One deployment per model (`ModelReplica`, one session per seat and
+`sessions_per_replica` seats per replica, autoscaled by the number of sessions) and one stateless ingress, of two or more replicas, in front of
 them all.
 """
 
@@ -55,7 +55,8 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
         settings = entry.webrtc_settings(manifest.config, ice_servers=args.ice_servers)
         placement = resolve_gpus(entry.gpus_per_replica, cluster)
         log.info("model %r: %g GPU(s) per replica (%s)", name, placement.gpus, placement.reason)
-        options = model_deployment_options(entry, name, gpus=placement.gpus)
+        seats = entry.seats(manifest.config)
+        options = model_deployment_options(entry, name, gpus=placement.gpus, seats=seats)
         deployment = serve.deployment(ModelReplica).options(**options)
         path = _replica_path(path, shipped, index=index)
         handles[name] = deployment.bind(
@@ -67,6 +68,7 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
             recording=entry.recording_settings(manifest.config).model_dump(mode="json"),
             uploads=entry.upload_settings(manifest.config).model_dump(mode="json"),
             usage_database=access.store.database.url_with_password if access else None,
+            seats=seats,
         )
         # Only what names the model: its settings travel with its own deployment.
         # (Serve still restarts every deployment when the app's args change; the

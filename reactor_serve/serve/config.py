@@ -43,7 +43,9 @@ from pydantic import (
 )
 
 from reactor_serve.rtc.settings import IceServer, WebRTCSettings
+from reactor_serve.runtime.seats import MAX_SEATS, seat_count
 from reactor_serve.serve.policy import POLICY_IMPORT_PATH
+from reactor_serve.serve.seat_router import SEAT_ROUTER_IMPORT_PATH
 from reactor_serve.sessions.recording.settings import RecordingSettings
 from reactor_serve.sessions.uploads.settings import UploadSettings
 
@@ -92,6 +94,9 @@ class ModelEntry(BaseModel):
     max_replicas: int = Field(default=4, ge=1)
     # Idle replicas kept loaded beyond the live and waiting sessions.
     warm_spares: int = Field(default=1, ge=0)
+    # Sessions one replica serves at once on its one loaded model (runtime/seats.py);
+    # None: the model config's `sessions_per_replica`, else 1.
+    sessions_per_replica: int | None = Field(default=None, ge=1, le=MAX_SEATS)
     # The longest session; also how long a scale-down waits for a busy replica.
     max_session_s: float = Field(default=3600.0, gt=0)
     # The data-channel watchdog: a session with no inbound message this long ends.
@@ -186,6 +191,11 @@ class ModelEntry(BaseModel):
             )
         return self
 
+    def seats(self, model_config: Mapping[str, Any] | None = None) -> int:
+        """Sessions per replica: this entry's `sessions_per_replica`, else the model
+        config's, else 1 (a bad config value raises ValueError naming it)."""
+        return seat_count(model_config, self.name or self.path, self.sessions_per_replica)
+
     def resolved_path(self, base: Path) -> Path:
         """The model directory, a relative `path` taken relative to `base`."""
         return _resolve(self.path, base)
@@ -268,9 +278,12 @@ class AppArgs(BaseModel):
 
 
 
-def model_deployment_options(entry: ModelEntry, name: str, *, gpus: float) -> dict[str, Any]:
+def model_deployment_options(
+    entry: ModelEntry, name: str, *, gpus: float, seats: int = 1
+) -> dict[str, Any]:
     """`Deployment.options(...)` kwargs for one model; `gpus` is what
-    `gpu_placement.resolve_gpus` resolved the entry's `gpus_per_replica` to."""
+    `gpu_placement.resolve_gpus` resolved the entry's `gpus_per_replica` to, `seats`
+    what `entry.seats` resolved its sessions per replica to."""
     initial = min(entry.max_replicas, max(entry.min_replicas, entry.warm_spares))
     actor_options: dict[str, Any] = {"num_gpus": gpus, "num_cpus": entry.cpus_per_replica}
     if entry.accelerator_type is not None:
@@ -280,12 +293,12 @@ def model_deployment_options(entry: ModelEntry, name: str, *, gpus: float) -> di
                 f"replica that asks for GPUs, but gpus_per_replica resolved to 0"
             )
         actor_options["accelerator_type"] = entry.accelerator_type
-    return {
+    options: dict[str, Any] = {
         "name": f"model-{name}",
         "ray_actor_options": actor_options,
-        # One live session per replica: a session is one ongoing call, so this is an
-        # exact slot limit and further sessions wait in Serve's queue.
-        "max_ongoing_requests": 1,
+        # One live session per seat: a session is one ongoing call, so this is an
+        # exact seat limit and further sessions wait in Serve's queue.
+        "max_ongoing_requests": seats,
         # Serve's graceful shutdown waits for ongoing calls: a scale-down drains a
         # busy replica (up to the longest session) instead of cutting its user.
         "graceful_shutdown_timeout_s": entry.max_session_s + 5.0,
@@ -309,10 +322,15 @@ def model_deployment_options(entry: ModelEntry, name: str, *, gpus: float) -> di
             "aggregation_function": "max",
             "policy": {
                 "policy_function": POLICY_IMPORT_PATH,
-                "policy_kwargs": {"warm_spares": entry.warm_spares, "slots_per_replica": 1},
+                "policy_kwargs": {"warm_spares": entry.warm_spares, "slots_per_replica": seats},
             },
         },
     }
+    if seats > 1:
+        # Fill the seats of busy replicas first: spares stay idle for the next burst,
+        # and a replica the policy lets go is one whose seats are all free.
+        options["request_router_config"] = {"request_router_class": SEAT_ROUTER_IMPORT_PATH}
+    return options
 
 
 def _resolve(path: str, base: Path) -> Path:

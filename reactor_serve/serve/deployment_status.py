@@ -106,7 +106,9 @@ class DeploymentStatus:
 
     async def capacity(self) -> dict[str, int | None]:
         """What `GET /models` shows of this model: `replicas` running, `starting`,
-        `busy` (running a live session), `free`, `waiting` sessions, `max_replicas`.
+        `busy` (every seat holding a live session), `free` (a seat free), `waiting`
+        sessions, `max_replicas`, and in seats: `seats_per_replica`, `seats_used`,
+        `seats_free`.
 
         Replica counts are Serve's own, sessions are the session directory's,
         `max_replicas` is what the model's replicas published of their deployment. A
@@ -116,16 +118,23 @@ class DeploymentStatus:
         overview, occupancy, settings = await asyncio.gather(
             self._status.get(), self._occupancy.get(), self._settings.get()
         )
-        replicas = starting = free = None
-        # One session per replica; the cap keeps a record that outlived its replica
-        # (both it and its holder died) from counting a busy replica that is not there.
-        busy = occupancy["live"]
+        replicas = starting = free = seats_free = None
+        seats = settings.get("sessions_per_replica")
+        seats = seats if isinstance(seats, int) and seats >= 1 else 1
+        # A replica is busy once its seats are all held. The caps keep a record that
+        # outlived its replica (both it and its holder died) from counting a busy
+        # replica, or a used seat, that is not there.
+        per_replica = occupancy.get("by_replica") or {}
+        busy = sum(1 for count in per_replica.values() if count >= seats)
+        used = occupancy["live"]
         if overview is not None:
             states = overview.replica_states
             replicas = int(states.get("RUNNING", 0))
             starting = sum(int(states.get(state, 0)) for state in self.STARTING_REPLICA_STATES)
             busy = min(busy, replicas)
             free = replicas - busy
+            used = min(used, replicas * seats)
+            seats_free = replicas * seats - used
         max_replicas = settings.get("max_replicas")
         return {
             "replicas": replicas,
@@ -134,6 +143,9 @@ class DeploymentStatus:
             "free": free,
             "waiting": occupancy["waiting"],
             "max_replicas": int(max_replicas) if isinstance(max_replicas, int) else None,
+            "seats_per_replica": seats,
+            "seats_used": used,
+            "seats_free": seats_free,
         }
 
     async def _read_settings(self) -> dict[str, Any]:
@@ -142,11 +154,11 @@ class DeploymentStatus:
         except Exception:
             return {}
 
-    async def _read_occupancy(self) -> dict[str, int]:
+    async def _read_occupancy(self) -> dict[str, Any]:
         # A wait outlives admission_timeout_s only when nothing holds it any more.
         max_wait = await self.admission_timeout_s() + self.TTL_S
         try:
             return await self._directory.session_counts(self._model, max_wait_s=max_wait)
         except Exception as exc:
             log.warning("counting the sessions of %s failed: %r", self._model, exc)
-            return {"live": 0, "waiting": 0}
+            return {"live": 0, "waiting": 0, "by_replica": {}}

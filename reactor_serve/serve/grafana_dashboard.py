@@ -64,9 +64,10 @@ _OURS = 'application=~"$application", model=~"$model"'
 # Serve's metrics carry no `model` tag; model deployments are named `model-<name>`
 # (serve/config.py), and the ingress is left out.
 _SERVE = 'application=~"$application", deployment=~"model-($model)"'
-# A replica's gauges read 0 while it has no session (fps, queue depth) or keep the
-# last session's value (jitter): only replicas with a live session count.
-_LIVE = f"on (application, deployment, replica) (ray_reactor_sessions_live{{{_OURS}}} == 1)"
+# A seat's gauges read 0 while it has no session (fps, queue depth) or keep the last
+# session's value (jitter): only seats with a live session count.
+_LIVE = (f"on (application, deployment, replica, seat) "
+         f"(ray_reactor_sessions_live{{{_OURS}}} == 1)")
 _RATE = "[$__rate_interval]"
 
 _PANEL_WIDTH = 12
@@ -78,14 +79,25 @@ def dashboard() -> dict[str, Any]:
     panels = [
         _panel(
             "Live sessions per model",
-            "Sessions streaming now, summed over the model's replicas (one each at most).",
+            "Sessions streaming now, summed over the model's replicas (one per seat at "
+            "most).",
             [(f"sum by (application, model) (ray_reactor_sessions_live{{{_OURS}}})",
               "{{model}} ({{application}})")],
             unit="short",
         ),
         _panel(
+            "Seats used and free per model",
+            "A replica serves sessions_per_replica sessions at once on its one loaded "
+            "model: its seats holding a live session, and those free for the next.",
+            [(f"sum by (application, model) (ray_reactor_seats_used{{{_OURS}}})",
+              "used {{model}} ({{application}})"),
+             (f"sum by (application, model) (ray_reactor_seats_free{{{_OURS}}})",
+              "free {{model}} ({{application}})")],
+            unit="short",
+        ),
+        _panel(
             "Waiting sessions per model",
-            "Sessions queued for a free replica, summed over the ingress replicas.",
+            "Sessions queued for a free seat, summed over the ingress replicas.",
             [(f"sum by (application, model) (ray_reactor_sessions_waiting{{{_OURS}}})",
               "{{model}} ({{application}})")],
             unit="short",

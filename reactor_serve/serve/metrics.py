@@ -14,6 +14,8 @@ __all__ = ["KEY_LABEL_LENGTH", "METRIC_NAMES", "IngressMetrics", "ReplicaMetrics
 
 METRIC_NAMES = (
     "reactor_sessions_live",
+    "reactor_seats_used",
+    "reactor_seats_free",
     "reactor_sessions_started",
     "reactor_sessions_ended",
     "reactor_admission_wait_seconds",
@@ -67,11 +69,17 @@ class UsageMetrics:
 
 
 class ReplicaMetrics:
-    """What one model replica reports about its session."""
+    """What one model replica reports about its sessions: the replica's counts, and
+    each seat's stream (its gauges tagged with the seat)."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, seats: int = 1) -> None:
         tags = ("model",)
-        self.live = Gauge("reactor_sessions_live", "Live sessions on this replica (0 or 1)", tags)
+        seat_tags = ("model", "seat")
+        self.seats = seats
+        self.live = Gauge("reactor_sessions_live", "Whether the seat holds a live session (0 or 1)",
+                          seat_tags)
+        self.seats_used = Gauge("reactor_seats_used", "Seats holding a live session", tags)
+        self.seats_free = Gauge("reactor_seats_free", "Seats free for a new session", tags)
         self.started = Counter("reactor_sessions_started", "Sessions started", tags)
         self.ended = Counter("reactor_sessions_ended", "Sessions ended, by reason", ("model", "reason"))
         self.ttff = Histogram(
@@ -80,10 +88,12 @@ class ReplicaMetrics:
             _SECONDS,
             tags,
         )
-        self.fps = Gauge("reactor_output_fps", "Frames presented per second", tags)
-        self.jitter = Gauge("reactor_pacing_jitter_ms", "Deviation of presentation from the slot", tags)
-        self.queue_depth = Gauge("reactor_queue_depth", "Frames waiting in the output buffer", tags)
-        self.viewers = Gauge("reactor_viewers", "Watch-only viewers of the live session", tags)
+        self.fps = Gauge("reactor_output_fps", "Frames presented per second", seat_tags)
+        self.jitter = Gauge("reactor_pacing_jitter_ms", "Deviation of presentation from the slot",
+                            seat_tags)
+        self.queue_depth = Gauge("reactor_queue_depth", "Frames waiting in the output buffer",
+                                 seat_tags)
+        self.viewers = Gauge("reactor_viewers", "Watch-only viewers of the live session", seat_tags)
         self.dropped = Counter("reactor_dropped_frames", "Frames dropped by emit(drop=True)", tags)
         self.errors = Counter("reactor_model_errors", "Exceptions raised by model code", tags)
         self.restarts = Counter(
@@ -97,24 +107,40 @@ class ReplicaMetrics:
             _LATENCY_SECONDS,
             tags,
         )
-        for metric in (self.live, self.started, self.ended, self.ttff, self.fps, self.jitter,
-                       self.queue_depth, self.dropped, self.errors, self.restarts,
-                       self.viewers, self.input_latency):
+        for metric in (self.live, self.seats_used, self.seats_free, self.started, self.ended,
+                       self.ttff, self.fps, self.jitter, self.queue_depth, self.dropped,
+                       self.errors, self.restarts, self.viewers, self.input_latency):
             metric.set_default_tags({"model": model})
-        self._dropped_seen = 0
+        # Per live session (by id): its `dropped` count already reported.
+        self._dropped_seen: dict[str, int] = {}
         self._errors_seen = 0
         self._restarts_seen = 0
+        # Every seat reports from the replica's start, so dashboards see the replica.
+        for seat in range(seats):
+            self.live.set(0, tags={"seat": str(seat)})
+        self.seats_in_use(0)
 
-    def session_started(self) -> None:
+    def seats_in_use(self, live: int) -> None:
+        """The replica's live sessions: its seats used and free."""
+        self.seats_used.set(live)
+        self.seats_free.set(max(0, self.seats - live))
+
+    def session_started(self, seat: int, live: int) -> None:
         self.started.inc()
-        self.live.set(1)
+        self.live.set(1, tags={"seat": str(seat)})
+        self.seats_in_use(live)
 
-    def session_ended(self, reason: str, model_errors: int) -> None:
+    def session_ended(
+        self, reason: str, model_errors: int, *, session_id: str, seat: int, live: int
+    ) -> None:
         self.ended.inc(tags={"reason": reason})
-        self.live.set(0)
-        self.fps.set(0)
-        self.queue_depth.set(0)
-        self.viewers.set(0)
+        tags = {"seat": str(seat)}
+        self.live.set(0, tags=tags)
+        self.seats_in_use(live)
+        self.fps.set(0, tags=tags)
+        self.queue_depth.set(0, tags=tags)
+        self.viewers.set(0, tags=tags)
+        self._dropped_seen.pop(session_id, None)
         if model_errors > self._errors_seen:
             self.errors.inc(model_errors - self._errors_seen)
             self._errors_seen = model_errors
@@ -132,20 +158,22 @@ class ReplicaMetrics:
         for ms in latencies_ms:
             self.input_latency.observe(ms / 1000.0)
 
-    def observe(self, stats: dict[str, Any]) -> None:
-        """Refresh the gauges from a session's stats (about once a second)."""
+    def observe(self, stats: dict[str, Any], *, session_id: str, seat: int) -> None:
+        """Refresh the seat's gauges from its session's stats (about once a second)."""
+        tags = {"seat": str(seat)}
         if "fps" in stats:
-            self.fps.set(float(stats["fps"]))
+            self.fps.set(float(stats["fps"]), tags=tags)
         if "queue_depth" in stats:
-            self.queue_depth.set(float(stats["queue_depth"]))
+            self.queue_depth.set(float(stats["queue_depth"]), tags=tags)
         if "viewers" in stats:
-            self.viewers.set(float(stats["viewers"]))
+            self.viewers.set(float(stats["viewers"]), tags=tags)
         if stats.get("jitter_ms") is not None:
-            self.jitter.set(float(stats["jitter_ms"]))
+            self.jitter.set(float(stats["jitter_ms"]), tags=tags)
         dropped = int(stats.get("dropped", 0))
-        if dropped > self._dropped_seen:
-            self.dropped.inc(dropped - self._dropped_seen)
-        self._dropped_seen = dropped
+        seen = self._dropped_seen.get(session_id, 0)
+        if dropped > seen:
+            self.dropped.inc(dropped - seen)
+        self._dropped_seen[session_id] = dropped
 
 
 class IngressMetrics:

@@ -1,13 +1,15 @@
-"""`ModelReplica`: one model instance in a Serve replica; it owns its session.
+"""`ModelReplica`: one model instance in a Serve replica; it owns its sessions.
 
 The replica loads the model once in `__init__` and runs its sessions with the same
 `SeatedSessionBackend` that `reactor run` uses, so the session's life (orphaned on a network
-drop, resumed by a new offer, ended with `sessionEnded`) is one implementation.
+drop, resumed by a new offer, ended with `sessionEnded`) is one implementation. A model
+with `sessions_per_replica: N` has N seats here, all on the one loaded model.
 
-A session's slot is one long streaming call, `session({"session_id"})`, issued by the
-ingress replica that admitted it: with `max_ongoing_requests: 1` the call is the
-replica's one slot, waiting sessions queue in Serve, and Serve's graceful shutdown
-drains a busy replica instead of cutting its user. The call yields once (placed, or
+A session's seat is one long streaming call, `session({"session_id"})`, issued by the
+ingress replica that admitted it: with `max_ongoing_requests: N` each call holds one of
+the replica's N seats, waiting sessions queue in Serve (which offers them the fullest
+replica with a free seat first, serve/seat_router.py), and Serve's graceful shutdown
+drains a busy replica instead of cutting its users. The call yields once (placed, or
 rejected) and returns when the session ends. Nothing else flows through it: if the
 ingress replica that issued it dies, the call, and the session, go on (Serve does not
 cancel a replica's streaming call when its caller dies; verified on Ray 2.60).
@@ -67,6 +69,7 @@ class ModelReplica:
         recording: dict[str, Any] | None = None,
         uploads: dict[str, Any] | None = None,
         usage_database: str | None = None,
+        seats: int = 1,
     ) -> None:
         self.model_name = model_name
         self._identity = _replica_identity()
@@ -74,7 +77,7 @@ class ModelReplica:
         # thread of the replica, for debugging): a crash there ends the live session
         # and restarts the model, and the replica stays up. That process is no Ray
         # worker, so it is told where it runs.
-        self.host = hosted_model(model_dir, env=_model_process_env(self._identity))
+        self.host = hosted_model(model_dir, env=_model_process_env(self._identity), seats=seats)
         # A failing load raises here: Serve reports the replica's constructor error
         # (with the model's traceback) and admits no session.
         self.host.start()
@@ -91,8 +94,7 @@ class ModelReplica:
         # With auth required: every state change of its sessions, in the usage ledger.
         self.sessions_started = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._metrics = metrics.ReplicaMetrics(model_name)
-        self._metrics.live.set(0)
+        self._metrics = metrics.ReplicaMetrics(model_name, seats=len(self.host.seats))
         # With auth required: every state change of its sessions, in the usage ledger,
         # and each closed interval in the per-key usage counters.
         self._ledger = None
@@ -107,6 +109,7 @@ class ModelReplica:
             self._directory.publish_model(model_name, {
                 "admission_timeout_s": admission_timeout_s,
                 "max_replicas": _deployment_max_replicas(),
+                "sessions_per_replica": len(self.host.seats),
             })
 
     def check_health(self) -> None:
@@ -149,6 +152,7 @@ class ModelReplica:
         except BackendError as exc:
             yield _rejected(exc)
             return
+        seat = self.sessions.seat_of(session_id)
         placed = False
         try:
             offer = record.get("offer") or {}
@@ -194,9 +198,9 @@ class ModelReplica:
                                 session_id[:4], exc)
             placed = True
             self.sessions_started += 1
-            self._metrics.session_started()
+            self._metrics.session_started(seat, len(self.sessions.live_sessions()))
             yield {"type": "placed", "replica": self._identity["replica_id"], "gpu_ids": _gpu_ids()}
-            await self._follow(session_id, started)
+            await self._follow(session_id, seat, started)
         except asyncio.CancelledError:
             # Cancelled by Serve (shutdown) or by the ingress: the session ends now.
             await self.sessions.stop_session(session_id)
@@ -213,7 +217,10 @@ class ModelReplica:
             reason = (info.end_reason if info else None) or EndReason.SHUTDOWN
             await directory.end(session_id, reason, info.end_message if info else None)
             if placed:
-                self._metrics.session_ended(reason, self.host.model_errors)
+                self._metrics.session_ended(
+                    reason, self.host.model_errors, session_id=session_id, seat=seat,
+                    live=len(self.sessions.live_sessions()),
+                )
 
     async def _submit_first_offer(self, session_id: str, offer: dict[str, Any]) -> None:
         # Connection ids count from 1 per session: mint the ones the client was handed
@@ -227,8 +234,8 @@ class ModelReplica:
             cid if offer.get("registered") else None,
         )
 
-    async def _follow(self, session_id: str, started: float) -> None:
-        """Hold the slot while the session lives: metrics, and the longest session."""
+    async def _follow(self, session_id: str, seat: int, started: float) -> None:
+        """Hold the seat while the session lives: metrics, and the longest session."""
         deadline = started + self.max_session_s
         first_frame_seen = False
         latencies_seen = 0
@@ -247,7 +254,7 @@ class ModelReplica:
                 if not first_frame_seen and stats.get("presented"):
                     first_frame_seen = True
                     self._metrics.first_frame(time.monotonic() - started)
-                self._metrics.observe(stats)
+                self._metrics.observe(stats, session_id=session_id, seat=seat)
             latencies, latencies_seen = self.sessions.input_latencies(session_id, latencies_seen)
             self._metrics.input_to_frame(latencies)
             await self.sessions.wait_ended(session_id, self.FOLLOW_INTERVAL_S)

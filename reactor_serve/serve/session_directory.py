@@ -135,12 +135,14 @@ class SessionDirectory:
                 found[session_id] = record
         return found
 
-    async def session_counts(self, model: str, *, max_wait_s: float | None = None) -> dict[str, int]:
-        """`{"live", "waiting"}`: `model`'s placed sessions, and those waiting for a
-        slot. A wait queued longer than `max_wait_s` ago is not counted: its holder
-        would have ended it by then, so nothing holds it any more (its ingress replica
-        died and its client went away)."""
+    async def session_counts(self, model: str, *, max_wait_s: float | None = None) -> dict[str, Any]:
+        """`{"live", "waiting", "by_replica"}`: `model`'s placed sessions, those
+        waiting for a seat, and the placed ones per replica actor. A wait queued longer
+        than `max_wait_s` ago is not counted: its holder would have ended it by then,
+        so nothing holds it any more (its ingress replica died and its client went
+        away)."""
         live = waiting = 0
+        by_replica: dict[str, int] = {}
         now = time.time()
         for record in (await self.records()).values():
             if record.get("model") != model:
@@ -148,12 +150,14 @@ class SessionDirectory:
             state = record.get("state")
             if state == "placed":
                 live += 1
+                replica = str(record.get("replica") or "")
+                by_replica[replica] = by_replica.get(replica, 0) + 1
             elif state == "waiting":
                 queued_at = record.get("queued_at")
                 if max_wait_s is None or not isinstance(queued_at, (int, float)) \
                         or now - queued_at <= max_wait_s:
                     waiting += 1
-        return {"live": live, "waiting": waiting}
+        return {"live": live, "waiting": waiting, "by_replica": by_replica}
 
     # ---- queue positions ----------------------------------------------------------
     #

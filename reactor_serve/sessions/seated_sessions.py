@@ -362,7 +362,7 @@ class SeatedSessionBackend:
                 "created_at": slot.info.created_at,
                 "connections": getattr(slot.peer, "connections", 0),
                 "where": "local",
-                "seat": self._seats.index(slot.seat),
+                "seat": self.seat_of(slot.info.session_id),
             }
             if slot.info.state == SessionState.ORPHANED:
                 entry["reconnect_within_s"] = self._busy_for(slot)
@@ -479,6 +479,13 @@ class SeatedSessionBackend:
         return client_ice_servers(session_ice_servers(self._settings.ice_servers, viewer_token))
 
     # ---- for the Serve replica and operators ----------------------------------------
+
+    def seat_of(self, session_id: str) -> int:
+        """The seat (0-based) the live session `session_id` holds. Raises UnknownSession."""
+        slot = self._live.get(session_id)
+        if slot is None:
+            raise UnknownSession(f"session {str(session_id)[:64]!r} is not live")
+        return self._seats.index(slot.seat)
 
     def live_peer(self, session_id: str) -> PeerSession | None:
         """The live session's PeerSession, or None when it is not live."""

@@ -97,6 +97,17 @@ function describeCapacity(c) {
     if (c.starting) return [`starting…${waiting}`, "starting"];
     return [`scales from zero — first session starts a replica${waiting}`, "cold"];
   }
+  if (c.seats_per_replica > 1 && typeof c.seats_free === "number") {
+    // Several sessions per replica: what a user waits for is a seat, not a replica.
+    const seats = [`${c.seats_free} seat${c.seats_free === 1 ? "" : "s"} free`,
+      `${c.seats_used} in use`, `${c.waiting} waiting`];
+    if (c.starting) seats.push(`${c.starting} starting…`);
+    if (typeof c.max_replicas === "number") {
+      seats.push(`up to ${c.max_replicas} replica${c.max_replicas === 1 ? "" : "s"} ` +
+        `of ${c.seats_per_replica} seats`);
+    }
+    return [seats.join(" · "), c.seats_free === 0 ? "full" : "free"];
+  }
   const parts = [];
   if (typeof c.free === "number") parts.push(`${c.free} free`);
   parts.push(`${c.busy} busy`, `${c.waiting} waiting`);

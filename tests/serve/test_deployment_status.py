@@ -11,7 +11,10 @@ import pytest
 from memory_directory import MemoryDirectory
 
 from reactor_serve.protocol.errors import ModelUnavailable
-from reactor_serve.serve.deployment_status import DEFAULT_ADMISSION_TIMEOUT_S, DeploymentStatus
+from reactor_serve.serve.deployment_status import (
+    DEFAULT_ADMISSION_TIMEOUT_S,
+    DeploymentStatus,
+)
 
 MODEL = "gradient"
 
@@ -48,10 +51,13 @@ def parts() -> SimpleNamespace:
     return SimpleNamespace(status=status, directory=directory, serve=serve, clock=clock)
 
 
-def add_sessions(directory: MemoryDirectory, **counts: int) -> None:
+def add_sessions(directory: MemoryDirectory, replica: str | None = None, **counts: int) -> None:
+    """Sessions in each state; placed ones on `replica`, else each on a replica of its own."""
     for state, count in counts.items():
         for _ in range(count):
-            directory.records[f"s{len(directory.records)}"] = {"model": MODEL, "state": state}
+            n = len(directory.records)
+            directory.records[f"s{n}"] = {"model": MODEL, "state": state,
+                                         "replica": replica or f"r{n}"}
     directory.records["other"] = {"model": "another-model", "state": "placed"}
 
 
@@ -61,9 +67,21 @@ async def test_capacity_counts_replicas_from_serve_and_sessions_from_the_directo
 
     assert await parts.status.capacity() == {
         "replicas": 3, "starting": 2, "busy": 2, "free": 1, "waiting": 5, "max_replicas": 4,
+        "seats_per_replica": 1, "seats_used": 2, "seats_free": 1,
     }
     # A wait older than the admission timeout (and one reading's age) holds nothing.
     assert parts.directory.max_wait_asked == 30.0 + DeploymentStatus.TTL_S
+
+
+async def test_with_seats_a_replica_is_busy_once_every_seat_is_held(parts):
+    parts.directory.settings = {**parts.directory.settings, "sessions_per_replica": 3}
+    parts.serve.set(RUNNING=3)
+    add_sessions(parts.directory, replica="full", placed=3)
+    add_sessions(parts.directory, replica="half", placed=1)
+    assert await parts.status.capacity() == {
+        "replicas": 3, "starting": 0, "busy": 1, "free": 2, "waiting": 0, "max_replicas": 4,
+        "seats_per_replica": 3, "seats_used": 4, "seats_free": 5,
+    }
 
 
 async def test_busy_never_exceeds_the_running_replicas(parts):
@@ -79,7 +97,7 @@ async def test_without_serve_status_the_replica_counts_are_unknown(parts):
     add_sessions(parts.directory, placed=1, waiting=2)
     assert await parts.status.capacity() == {
         "replicas": None, "starting": None, "busy": 1, "free": None, "waiting": 2,
-        "max_replicas": None,
+        "max_replicas": None, "seats_per_replica": 1, "seats_used": 1, "seats_free": None,
     }
 
 

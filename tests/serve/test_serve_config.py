@@ -250,3 +250,49 @@ def test_ray_accepts_the_deployment_options() -> None:
     assert deployment.max_ongoing_requests == 1
     assert deployment._deployment_config.graceful_shutdown_timeout_s == 125
     assert deployment._deployment_config.autoscaling_config.upscale_delay_s == 0
+
+
+# ---- seats ------------------------------------------------------------------------------
+
+
+def test_seats_set_the_replicas_session_limit_the_policy_and_the_packing_router() -> None:
+    entry = ModelEntry(path="m", warm_spares=2)
+    one = model_deployment_options(entry, "m", gpus=1.0, seats=1)
+    assert one["max_ongoing_requests"] == 1 and "request_router_config" not in one
+    four = model_deployment_options(entry, "m", gpus=1.0, seats=4)
+    assert four["max_ongoing_requests"] == 4
+    assert four["autoscaling_config"]["policy"]["policy_kwargs"] == {
+        "warm_spares": 2, "slots_per_replica": 4}
+    router = four["request_router_config"]["request_router_class"]
+    module_name, attr = router.split(":")
+    assert isinstance(getattr(importlib.import_module(module_name), attr), type)
+
+
+def test_ray_accepts_the_options_of_a_model_with_seats() -> None:
+    from ray import serve
+
+    class Model:
+        pass
+
+    opts = model_deployment_options(ModelEntry(path="m"), "m", gpus=0.0, seats=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        deployment = serve.deployment(Model).options(**opts)
+    assert deployment.max_ongoing_requests == 3
+    config = deployment._deployment_config.request_router_config
+    assert config.request_router_class.endswith("SeatPackingRouter")
+
+
+def test_the_entrys_seats_win_over_the_model_configs() -> None:
+    assert ModelEntry(path="m").seats({"sessions_per_replica": 3}) == 3
+    assert ModelEntry(path="m", sessions_per_replica=2).seats({"sessions_per_replica": 3}) == 2
+    assert ModelEntry(path="m").seats(None) == 1
+    with pytest.raises(ValueError, match="sessions_per_replica"):
+        ModelEntry(path="m").seats({"sessions_per_replica": "four"})
+
+
+@pytest.mark.parametrize("value", [0, 65, "x", 1.5])
+def test_a_bad_sessions_per_replica_names_the_field(value) -> None:
+    with pytest.raises(ValidationError) as error:
+        ModelEntry(path="m", sessions_per_replica=value)
+    assert "sessions_per_replica" in str(error.value)

@@ -67,11 +67,18 @@ class MemoryDirectory:
         self.settings_reads += 1
         return dict(self.settings)
 
-    async def session_counts(self, model: str, *, max_wait_s: float | None = None) -> dict[str, int]:
+    async def session_counts(self, model: str, *, max_wait_s: float | None = None) -> dict[str, Any]:
         self.count_reads += 1
         self.max_wait_asked = max_wait_s
-        states = [r.get("state") for r in self.records.values() if r.get("model") == model]
-        return {"live": states.count("placed"), "waiting": states.count("waiting")}
+        records = [r for r in self.records.values() if r.get("model") == model]
+        states = [r.get("state") for r in records]
+        by_replica: dict[str, int] = {}
+        for record in records:
+            if record.get("state") == "placed":
+                replica = str(record.get("replica") or "")
+                by_replica[replica] = by_replica.get(replica, 0) + 1
+        return {"live": states.count("placed"), "waiting": states.count("waiting"),
+                "by_replica": by_replica}
 
     async def keep_early_candidates(self, session_id: str, batch: dict[str, Any]) -> str:
         await self._write()

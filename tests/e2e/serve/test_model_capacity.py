@@ -49,7 +49,8 @@ async def settles_at(url, expected, what, timeout=20):
     raise AssertionError(f"timed out waiting for {what}: {expected} (last: {last})")
 
 
-IDLE = {"replicas": 1, "starting": 0, "busy": 0, "free": 1, "waiting": 0, "max_replicas": 1}
+IDLE = {"replicas": 1, "starting": 0, "busy": 0, "free": 1, "waiting": 0, "max_replicas": 1,
+        "seats_per_replica": 1, "seats_used": 0, "seats_free": 1}
 
 
 async def test_capacity_counts_live_and_waiting_sessions(capacity_app):
@@ -116,7 +117,8 @@ async def test_reactor_run_reports_its_one_slot(reactor_run):
     client = await connect(run.url)
     try:
         await client.next_frame()
-        assert (await summary())["capacity"] == {**IDLE, "busy": 1, "free": 0}
+        assert (await summary())["capacity"] == {**IDLE, "busy": 1, "free": 0, "seats_used": 1,
+                                                 "seats_free": 0}
     finally:
         await client.close()
     deadline = time.monotonic() + 10
@@ -177,7 +179,8 @@ def test_a_model_scaled_to_zero_says_so_and_its_first_session_starts_a_replica(b
         [model] = httpx.get(f"{url}/models", timeout=10).json()["models"]
         # No replica has run yet, so none has published the deployment's max_replicas.
         assert model["capacity"] == {"replicas": 0, "starting": 0, "busy": 0, "free": 0,
-                                     "waiting": 0, "max_replicas": None}
+                                     "waiting": 0, "max_replicas": None,
+                                     "seats_per_replica": 1, "seats_used": 0, "seats_free": 0}
         picker = picker_context.new_page()
         picker.goto(url + "/")
         wait_for(lambda: picker.locator(card).count() == 1, 30, "the gradient card")
