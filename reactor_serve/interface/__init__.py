@@ -1,5 +1,6 @@
 """What model authors import. Also importable as `reactor_runtime.interface`."""
 
+from reactor_serve.interface.batching import SessionStep, batched
 from reactor_serve.interface.context import SessionContext, get_ctx
 from reactor_serve.interface.events import command, connected, disconnected, event
 from reactor_serve.interface.files import UploadedFile
@@ -38,10 +39,12 @@ __all__ = [
     "ReactorModel",
     "ReactorPipeline",
     "SessionContext",
+    "SessionStep",
     "TrackPayload",
     "UploadedFile",
     "Video",
     "VideoModel",
+    "batched",
     "command",
     "connected",
     "disconnected",

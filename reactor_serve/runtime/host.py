@@ -33,10 +33,12 @@ from reactor_serve.interface.context import (
 from reactor_serve.interface.legacy import ModelConfig
 from reactor_serve.interface.messages import ModelMessage
 from reactor_serve.interface.state import InputRejected
+from reactor_serve.runtime.batch_scheduler import BatchScheduler, BatchTotals
 from reactor_serve.runtime.command_queue import CommandQueue
 from reactor_serve.runtime.field_errors import RULE_SESSION_ENDING, command_error
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.runtime.input_latency import CommandTicket, FrameAnswer
+from reactor_serve.runtime.kinds.batched import BatchedDriver
 from reactor_serve.runtime.kinds.kind_driver import DriverHost, KindDriver, call_model
 from reactor_serve.runtime.kinds.pipeline import PipelineDriver
 from reactor_serve.runtime.kinds.run_loop import RunLoopDriver
@@ -139,11 +141,16 @@ class ModelHost:
         )
         self._session: Session | None = None
         self._lifecycle: asyncio.Lock | None = None
-        self._driver: KindDriver = _DRIVERS[self.spec.kind](_HostForDriver(self))
+        driver = BatchedDriver if self.spec.batch is not None else _DRIVERS[self.spec.kind]
+        self._driver: KindDriver = driver(_HostForDriver(self))
+        # A `@batched` model's steps, gathered over the seats (shared with them).
+        self.batch_scheduler: BatchScheduler | None = None
         self._shutting_down = False
         self.model_errors = 0
         # A model on a thread of this process is never restarted (see ModelProcess).
         self.restarts = 0
+        # Told (size, seconds) of each batched step, on the scheduler's thread.
+        self.on_batch: Callable[[int, float], None] | None = None
         self._queued_commands = 0
         self._command_lock = threading.Lock()
         # Commands on their way to the model loop, drained there in one callback: a
@@ -190,16 +197,31 @@ class ModelHost:
         except ModelLoadError as exc:
             self.load_error = exc
             raise
+        if self.spec.batch is not None and self._shares is None:
+            self.batch_scheduler = BatchScheduler(
+                self.model, self.spec.batch, fps=self.spec.fps, name=self.spec.name,
+                on_batch=self._batched)
         if self._others:
             assert self.model is not None
             self.shared_state = SharedState(self.model, self.spec.cls.__qualname__)
             for seat in self._others:
                 seat.shared_state = self.shared_state
+                seat.batch_scheduler = self.batch_scheduler
                 seat.start(timeout)
             if on_loaded is not None:
                 on_loaded()
         # The model and its imports are here for good: out of later collections.
         freeze_startup_heap()
+
+    def _batched(self, size: int, seconds: float) -> None:
+        if self.on_batch is not None:
+            self.on_batch(size, seconds)
+
+    @property
+    def batch_totals(self) -> BatchTotals | None:
+        """A `@batched` model's batches so far (None for any other model)."""
+        scheduler = (self._shares or self).batch_scheduler
+        return scheduler.totals if scheduler is not None else None
 
     @property
     def seats(self) -> list[ModelHost]:
@@ -735,6 +757,8 @@ class ModelHost:
         if session is not None:
             # The model thread was gone (or did not end the session in time).
             self._abandon(session, EndReason.SHUTDOWN, None)
+        if self.batch_scheduler is not None and self._shares is None:
+            self.batch_scheduler.close()
 
 
 class _HostForDriver(DriverHost):
@@ -767,6 +791,10 @@ class _HostForDriver(DriverHost):
     @property
     def shutting_down(self) -> bool:
         return self._host._shutting_down
+
+    @property
+    def batch_scheduler(self) -> BatchScheduler | None:
+        return self._host.batch_scheduler
 
     def current_context(self) -> SessionContext | None:
         return self._host._current_context()

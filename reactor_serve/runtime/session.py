@@ -293,6 +293,7 @@ class Session:
             "jitter_ms": round(self.clock.jitter_ms, 3),
             "target_fps": buffer.target_fps,
             "production_fps": round(rate, 2) if rate is not None else None,
+            "step_ms": round(buffer.step_ms, 2) if buffer.step_ms is not None else None,
             "queue_depth": buffer.depth(),
             "dropped": buffer.dropped,
             "stale_dropped": buffer.stale_dropped,

@@ -96,6 +96,16 @@ def dashboard() -> dict[str, Any]:
             unit="short",
         ),
         _panel(
+            "Batched steps: sessions per batch and step time",
+            "For a model with a @batched step: how many sessions each call stepped, and "
+            "how long a call took (a slow batch is every session's slow frame).",
+            [(f"avg by (application, model) (ray_reactor_batch_size{{{_OURS}}})",
+              "sessions per batch {{model}}"),
+             (f"avg by (application, model) (ray_reactor_batch_step_ms{{{_OURS}}})",
+              "step ms {{model}}")],
+            unit="short",
+        ),
+        _panel(
             "Waiting sessions per model",
             "Sessions queued for a free seat, summed over the ingress replicas.",
             [(f"sum by (application, model) (ray_reactor_sessions_waiting{{{_OURS}}})",

@@ -16,6 +16,8 @@ METRIC_NAMES = (
     "reactor_sessions_live",
     "reactor_seats_used",
     "reactor_seats_free",
+    "reactor_batch_size",
+    "reactor_batch_step_ms",
     "reactor_sessions_started",
     "reactor_sessions_ended",
     "reactor_admission_wait_seconds",
@@ -80,6 +82,11 @@ class ReplicaMetrics:
                           seat_tags)
         self.seats_used = Gauge("reactor_seats_used", "Seats holding a live session", tags)
         self.seats_free = Gauge("reactor_seats_free", "Seats free for a new session", tags)
+        self.batch_size = Gauge("reactor_batch_size",
+                                "Sessions per batched step (mean since the last reading)", tags)
+        self.batch_step_ms = Gauge("reactor_batch_step_ms",
+                                   "Time of one batched step (mean since the last reading)", tags)
+        self._batches_seen: tuple[int, int, float] = (0, 0, 0.0)
         self.started = Counter("reactor_sessions_started", "Sessions started", tags)
         self.ended = Counter("reactor_sessions_ended", "Sessions ended, by reason", ("model", "reason"))
         self.ttff = Histogram(
@@ -107,7 +114,8 @@ class ReplicaMetrics:
             _LATENCY_SECONDS,
             tags,
         )
-        for metric in (self.live, self.seats_used, self.seats_free, self.started, self.ended,
+        for metric in (self.live, self.seats_used, self.seats_free, self.batch_size,
+                       self.batch_step_ms, self.started, self.ended,
                        self.ttff, self.fps, self.jitter, self.queue_depth, self.dropped,
                        self.errors, self.restarts, self.viewers, self.input_latency):
             metric.set_default_tags({"model": model})
@@ -150,6 +158,19 @@ class ReplicaMetrics:
         if restarts > self._restarts_seen:
             self.restarts.inc(restarts - self._restarts_seen)
             self._restarts_seen = restarts
+
+    def batches(self, batches: int, steps: int, seconds: float) -> None:
+        """A `@batched` model's totals so far: the gauges read the batches since the
+        last call (any of the replica's sessions may call)."""
+        seen_batches, seen_steps, seen_seconds = self._batches_seen
+        if batches <= seen_batches:
+            if batches < seen_batches:
+                self._batches_seen = (batches, steps, seconds)
+            return
+        count = batches - seen_batches
+        self.batch_size.set((steps - seen_steps) / count)
+        self.batch_step_ms.set(1000.0 * (seconds - seen_seconds) / count)
+        self._batches_seen = (batches, steps, seconds)
 
     def first_frame(self, seconds: float) -> None:
         self.ttff.observe(seconds)

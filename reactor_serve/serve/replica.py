@@ -255,6 +255,9 @@ class ModelReplica:
                     first_frame_seen = True
                     self._metrics.first_frame(time.monotonic() - started)
                 self._metrics.observe(stats, session_id=session_id, seat=seat)
+            totals = self.host.batch_totals
+            if totals is not None:
+                self._metrics.batches(totals.batches, totals.steps, totals.seconds)
             latencies, latencies_seen = self.sessions.input_latencies(session_id, latencies_seen)
             self._metrics.input_to_frame(latencies)
             await self.sessions.wait_ended(session_id, self.FOLLOW_INTERVAL_S)

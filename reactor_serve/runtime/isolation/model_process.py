@@ -38,6 +38,7 @@ import numpy as np
 
 import reactor_serve
 from reactor_serve.interface.legacy import ModelConfig
+from reactor_serve.runtime.batch_scheduler import BatchTotals
 from reactor_serve.runtime.host import (
     ModelHost,
     ModelLoadError,
@@ -139,6 +140,8 @@ class ModelProcess:
         self._placers: list[threading.Thread] = []
         self._sessions: dict[str, Session] = {}
         self._seat_of: dict[str, int] = {}
+        # A `@batched` model's batches, as its process reports them.
+        self._batch_totals = BatchTotals() if self.spec.batch is not None else None
         self._ends: dict[str, concurrent.futures.Future[None]] = {}
         self._lock = threading.Lock()
         self._step_ids = 0
@@ -210,6 +213,11 @@ class ModelProcess:
         """Model errors that ended sessions, crashes of the model process included."""
         child = self._child
         return self._errors_before + (child.errors if child is not None else 0) + self.crashes
+
+    @property
+    def batch_totals(self) -> BatchTotals | None:
+        """A `@batched` model's batches so far, every process's (None for any other)."""
+        return self._batch_totals
 
     @property
     def pid(self) -> int | None:
@@ -482,6 +490,10 @@ class ModelProcess:
                 answer.set_result(("opened", None) if op == "opened" else (args[1], args[2]))
         elif op == "stepped":
             child.answer_step(args[0], args[1])
+        elif op == "batched":
+            totals = self._batch_totals or BatchTotals()
+            self._batch_totals = BatchTotals(totals.batches + 1, totals.steps + args[0],
+                                             totals.seconds + args[1])
         elif op == "loaded":
             log.info("model %s loaded in its process in %.1f s", self.spec.name, args[0])
             child.loaded.set_result(None)
@@ -592,6 +604,10 @@ class _Seat:
     @property
     def restarts(self) -> int:
         return self._process.restarts
+
+    @property
+    def batch_totals(self) -> BatchTotals | None:
+        return self._process.batch_totals
 
     @property
     def session(self) -> Session | None:

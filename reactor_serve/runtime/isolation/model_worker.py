@@ -97,6 +97,10 @@ class _Worker:
                 model_cls, manifest.config, name=manifest.name, output=self.outputs[0],
                 seats=self.seat_total, seat_outputs=self.outputs[1:],
             )
+            if spec.batch is not None:
+                # Each batch's size and time, for the replica's metrics.
+                self.host.on_batch = lambda size, seconds: self.channel.send(
+                    "batched", size, seconds)
             started = time.monotonic()
             self.host.start(
                 on_loaded=lambda: self.channel.send("loaded", round(time.monotonic() - started, 3))

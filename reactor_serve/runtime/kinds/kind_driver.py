@@ -8,6 +8,7 @@ a session, and when a client's command may run:
 | `pipeline` | `ReactorPipeline` | the `inference()` generator, per session | queued, applied between yields |
 | `model` | `ReactorModel` | `run()`, for the model's lifetime | tasks interleaving with `run()` at awaits |
 | `legacy` | `VideoModel` | `start_session()` on a thread, per session | tasks on the model loop |
+| (any but legacy, `@batched`) | | the batch scheduler's steps, per session | queued, applied between steps |
 
 `ModelHost` keeps what every kind shares (the model thread, session binding and
 bookkeeping, command validation, the output buffer) and picks one driver from
@@ -28,6 +29,7 @@ from reactor_serve.runtime.loading.model_spec import CommandSpec, ModelSpec
 from reactor_serve.runtime.model_thread import ModelThread
 
 if TYPE_CHECKING:
+    from reactor_serve.runtime.batch_scheduler import BatchScheduler
     from reactor_serve.runtime.session import Session
 
 __all__ = ["CommandsAsTasks", "DriverHost", "KindDriver", "call_model"]
@@ -56,6 +58,10 @@ class DriverHost(Protocol):
 
     @property
     def shutting_down(self) -> bool: ...
+
+    @property
+    def batch_scheduler(self) -> BatchScheduler | None:
+        """The scheduler of a `@batched` model's steps, shared by its seats."""
 
     def current_context(self) -> SessionContext | None:
         """What `get_ctx()` returns now; bound on any thread that runs model code."""

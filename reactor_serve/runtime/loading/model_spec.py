@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from reactor_serve.interface.batching import BATCHED_ATTR, BatchDecl
 from reactor_serve.interface.events import EventDecl, event_decl, hook_kind
 from reactor_serve.interface.legacy import VideoModel
 from reactor_serve.interface.messages import snake_case
@@ -86,6 +87,9 @@ class ModelSpec:
     buffer_size: int
     # Queued frames are dropped when a command changes the state (see the base classes).
     drop_stale_frames: bool = False
+    # The `@batched` method that steps several sessions in one call, if the model has
+    # one (interface/batching.py): then it makes every frame, not inference()/run().
+    batch: BatchDecl | None = None
 
     @property
     def video_outputs(self) -> list[str]:
@@ -149,6 +153,7 @@ def inspect_model(cls: type, name: str | None = None) -> ModelSpec:
         )
 
     connected, disconnected, events = _methods(cls)
+    batch = _batch_method(cls, kind)
     return ModelSpec(
         cls=cls,
         kind=kind,
@@ -164,7 +169,33 @@ def inspect_model(cls: type, name: str | None = None) -> ModelSpec:
         fps=float(fps),
         buffer_size=buffer_size,
         drop_stale_frames=drop_stale_frames,
+        batch=batch,
     )
+
+
+def _batch_method(cls: type, kind: str) -> BatchDecl | None:
+    """The one `@batched` method, if any (an override without the mark unmarks it)."""
+    found: list[BatchDecl] = []
+    seen: set[str] = set()
+    for klass in cls.__mro__:
+        for attr, value in klass.__dict__.items():
+            if attr in seen:
+                continue
+            seen.add(attr)
+            decl = getattr(value, BATCHED_ATTR, None)
+            if isinstance(decl, BatchDecl):
+                found.append(BatchDecl(attr, decl.max_size))
+    if not found:
+        return None
+    if len(found) > 1:
+        names = ", ".join(sorted(d.method_name for d in found))
+        raise ModelSpecError(f"{cls.__qualname__}: one method may be @batched, found {names}")
+    if kind == "legacy":
+        raise ModelSpecError(
+            f"{cls.__qualname__}: the older API (VideoModel) cannot step sessions in a "
+            f"batch; subclass ReactorPipeline or ReactorModel to use @batched"
+        )
+    return found[0]
 
 
 def _model_name(cls: type, name: str | None) -> str:

@@ -111,6 +111,9 @@ class OutputBuffer:
         self._discards = 0
         self.stale_dropped = 0
         self.dropped = 0
+        # The model's own time for its last emit (a batched step's, for every session
+        # in the batch), in ms; None until an emit reports one.
+        self.step_ms: float | None = None
         self.emitted = 0
         self.taken = 0
         # Answers of frames removed unseen (flushed, dropped as stale, dropped when
@@ -208,6 +211,8 @@ class OutputBuffer:
         monotonic clock is the machine's, the same in both). `frames`: the emit's size
         when `items` is only its first part."""
         now = self.clock() if at is None else at
+        if compute_time is not None:
+            self.step_ms = compute_time * 1000.0
         self.rate.record(now, len(items) if frames is None else frames, compute_time)
         self.stamp(items, now)
 

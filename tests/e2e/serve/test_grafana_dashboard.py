@@ -38,6 +38,8 @@ RAY = Path(__import__("ray").__file__).parent
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
 PROBE = "tests/models/serve/metrics_probe"
+# Two seats stepped in one batched call: the batch panels' data.
+BATCHED_PROBE = "tests/models/serve/batched_probe"
 
 # Grafana's own variables; every other $name must be one of the dashboard's.
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range"}
@@ -411,6 +413,8 @@ async def test_every_panel_shows_data_from_a_real_serve_session(ray_serve, tmp_p
     url = ray_serve.deploy(app, {"auth": "required", "database_url": database,
                                  "auth_secret": secret, "models": [
         {"path": PROBE, "min_replicas": 1, "max_replicas": 1, "warm_spares": 0,
+         "cpus_per_replica": 0.5},
+        {"path": BATCHED_PROBE, "min_replicas": 1, "max_replicas": 1, "warm_spares": 0,
          "cpus_per_replica": 0.5}]})
     model = f"{url}/models/metrics-probe"
     access = AccessControl.open(database, auth_secret=secret)
@@ -422,7 +426,14 @@ async def test_every_panel_shows_data_from_a_real_serve_session(ray_serve, tmp_p
     token = minted.json()["jwt"]
     prometheus = Prometheus(f"127.0.0.1:{ray_serve.metrics_port}", tmp_path)
     first = second = None
+    batched: list = []
     try:
+        batched_token = httpx.post(f"{url}/models/batched-probe/tokens",
+                                   headers={"Reactor-API-Key": key}, content=b"null",
+                                   timeout=30).json()["jwt"]
+        for _ in range(2):
+            batched.append(await connect(f"{url}/models/batched-probe", token=batched_token))
+            await batched[-1].next_frame()
         # The first session drops frames and ends with a model error after ~3 s; the
         # second waits for the one replica meanwhile, then stays live while the
         # per-live-session panels are read.
@@ -435,7 +446,7 @@ async def test_every_panel_shows_data_from_a_real_serve_session(ray_serve, tmp_p
             second.send_command("poke")
             await asyncio.sleep(0.2)
 
-        exprs = [substituted(expr, application=app, model="metrics-probe")
+        exprs = [substituted(expr, application=app, model="metrics-probe|batched-probe")
                  for panel in dashboard()["panels"] for expr in
                  (target["expr"] for target in panel["targets"])]
         deadline = time.monotonic() + 120
@@ -455,7 +466,7 @@ async def test_every_panel_shows_data_from_a_real_serve_session(ray_serve, tmp_p
         assert "metrics-probe" in prometheus.label_values(
             "model", f'ray_reactor_sessions_live{{application="{app}"}}')
     finally:
-        for client in (first, second):
+        for client in (first, second, *batched):
             if client is not None:
                 await client.close()
         prometheus.stop()
