@@ -12,8 +12,15 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
 from reactor_runtime.interface import (
-    Audio, InputField, InputState, Output, ReactorModel, Video, connected,
+    Audio,
+    InputField,
+    InputState,
+    Output,
+    ReactorModel,
+    Video,
+    connected,
 )
 
 SAMPLE_RATE = 48000

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import torch
 from pydantic import Field
-from reactor_runtime import VideoModel, model, command, get_ctx
+
+from reactor_runtime import VideoModel, command, get_ctx, model
 
 PATTERNS = ("plasma", "rings", "ripples")
 

@@ -1,6 +1,9 @@
 # The input-tracks page's full video-to-video example, with the style model it leaves
 # to the author (`load_style_model`) written out as real filters in torch: the same
-# code runs on the CPU or, when one is there, on a CUDA GPU.
+# code runs on the CPU or, when one is there, on a CUDA GPU. Several sessions share one
+# loaded model (config.yml's sessions_per_replica), and `step` styles the camera frames
+# of all of them that are ready in one batched pass, where the page's `run()` styles
+# one session's frame at a time.
 import asyncio
 import io
 from dataclasses import dataclass
@@ -9,9 +12,19 @@ import av
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from reactor_runtime.interface import (
-    Input, Output, Video, ReactorModel, InputField, ModelMessage, UploadedFile,
-    event, connected, disconnected, BufferClosed,
+    Input,
+    InputField,
+    ModelMessage,
+    Output,
+    ReactorModel,
+    UploadedFile,
+    Video,
+    batched,
+    connected,
+    disconnected,
+    event,
 )
 
 STYLES = ["none", "oil_paint", "sketch", "thermal", "palette"]
@@ -51,10 +64,11 @@ class V2VModel(ReactorModel):
 
     @connected
     async def on_connect(self):
+        # Per session: assigned here, so each session has its own (the pipe is shared).
         self.input.camera.reset()
         self.style = "none"
         self.strength = 1.0
-        self.pipe.palette = self.pipe.neutral
+        self.palette = self.pipe.neutral
 
     @disconnected
     async def on_disconnect(self):
@@ -80,20 +94,32 @@ class V2VModel(ReactorModel):
         except ValueError as exc:
             await self.send(PaletteRefused(name=image.name, reason=str(exc)))
             return
-        self.pipe.palette = torch.tensor(colour, device=self.pipe.device) / 255.0
+        self.palette = torch.tensor(colour, device=self.pipe.device) / 255.0
         self.style = "palette"
         await self.send(PaletteSet(name=image.name, width=width, height=height, colour=colour))
 
-    async def run(self):
-        while True:
-            await self.connected.wait()
-            try:
-                while self.connected.is_set():
-                    [frame] = await self.input.camera.read(1)
-                    result = self.pipe.apply(frame, style=self.style, strength=self.strength)
-                    await self.emit(V2VOutput(main_video=result))
-            except BufferClosed:
-                pass
+    @batched(max_size=8)
+    def step(self, steps):
+        """The next frame of every session whose camera sent one: sessions with the
+        same style and frame size go through the filters as one batch."""
+        outputs = [None] * len(steps)
+        groups = {}
+        for index, step in enumerate(steps):
+            session = step.model
+            frames = session.input.camera.try_read(1)
+            if frames is None:
+                continue  # no new camera frame: no new frame for this session yet
+            [frame] = frames
+            groups.setdefault((session.style, frame.shape), []).append((index, session, frame))
+        for (style, _), members in groups.items():
+            styled = self.pipe.apply_batch(
+                np.stack([frame for _, _, frame in members]), style=style,
+                strengths=[session.strength for _, session, _ in members],
+                palettes=[session.palette for _, session, _ in members],
+            )
+            for (index, _, _), result in zip(members, styled):
+                outputs[index] = V2VOutput(main_video=result)
+        return outputs
 
 
 # --------------------------------------------------------------------------- filters
@@ -105,9 +131,9 @@ def load_style_model(device):
 
 
 class StylePipe:
-    """Image filters on (H, W, 3) float tensors in [0, 1], with small fixed kernels.
+    """Image filters on (B, H, W, 3) float tensors in [0, 1], with small fixed kernels.
 
-    Convolutions see the frame as a (1, 3, H, W) view of the same memory, which is
+    Convolutions see the frames as a (B, 3, H, W) view of the same memory, which is
     channels-last: the layout oneDNN's CPU kernels (and cuDNN) handle fastest.
     """
 
@@ -129,17 +155,22 @@ class StylePipe:
         kernel = torch.outer(taps, taps) / 256.0
         self.blur5 = kernel.expand(3, 1, 5, 5).contiguous().to(device)
         self.thermal_lut = thermal_colormap(256).to(device)  # (256, 3) float in [0, 1]
-        # The `palette` style's colour (RGB in [0, 1]): white, a plain grayscale, until an
-        # image is uploaded.
+        # The `palette` style's colour (RGB in [0, 1]) a session starts with: white, a
+        # plain grayscale, until it uploads an image.
         self.neutral = torch.ones(3, device=device)
-        self.palette = self.neutral
+
+    def apply(self, frame, style="none", strength=1.0, palette=None):
+        """`frame` (H, W, 3) uint8 RGB -> a new (H, W, 3) uint8 RGB numpy array."""
+        palette = self.neutral if palette is None else palette
+        return self.apply_batch(frame[None], style, [strength], [palette])[0]
 
     @torch.inference_mode()
-    def apply(self, frame, style="none", strength=1.0):
-        """`frame` (H, W, 3) uint8 RGB -> a new (H, W, 3) uint8 RGB numpy array."""
-        if style == "none" or strength <= 0.0:
-            return frame.copy()
-        rgb = torch.from_numpy(frame).to(self.device).float().mul_(1.0 / 255.0)
+    def apply_batch(self, frames, style, strengths, palettes):
+        """`frames` (B, H, W, 3) uint8 RGB, one style, a strength and a palette colour
+        per frame -> a new (B, H, W, 3) uint8 RGB numpy array."""
+        if style == "none":
+            return frames.copy()
+        rgb = torch.from_numpy(frames).to(self.device).float().mul_(1.0 / 255.0)
         if style == "oil_paint":
             styled = self.oil_paint(rgb)
         elif style == "sketch":
@@ -147,16 +178,18 @@ class StylePipe:
         elif style == "thermal":
             styled = self.thermal(rgb)
         elif style == "palette":
-            styled = self.gray(rgb).unsqueeze(-1) * self.palette
+            colours = torch.stack(list(palettes)).to(self.device)[:, None, None, :]
+            styled = self.gray(rgb).unsqueeze(-1) * colours
         else:
             raise ValueError(f"unknown style {style!r}")
-        if strength < 1.0:
-            styled = torch.lerp(rgb, styled, strength)
+        strength = torch.tensor(strengths, device=self.device, dtype=rgb.dtype)
+        if bool((strength < 1.0).any()):
+            styled = torch.lerp(rgb, styled, strength[:, None, None, None])
         out = styled.mul(255.0).add_(0.5).clamp_(0, 255).to(torch.uint8)
         return out.cpu().numpy()
 
     def gray(self, rgb):
-        return rgb @ self.luma  # (H, W)
+        return rgb @ self.luma  # (B, H, W)
 
     def oil_paint(self, rgb):
         """Smooth away fine texture, then posterize into flat patches of few colours.
@@ -164,26 +197,26 @@ class StylePipe:
         The smoothing runs at half resolution (a quarter of the work) and is scaled
         back up; posterizing at full resolution keeps the patch edges crisp.
         """
-        x = rgb.permute(2, 0, 1).unsqueeze(0)                       # (1, 3, H, W) view
+        x = rgb.permute(0, 3, 1, 2)                                 # (B, 3, H, W) view
         small = F.avg_pool2d(x, 2, ceil_mode=True)
         small = F.conv2d(F.pad(small, (2, 2, 2, 2), mode="replicate"), self.blur5, groups=3)
         smooth = F.interpolate(small, size=x.shape[-2:], mode="bilinear", align_corners=False)
         levels = self.LEVELS - 1
-        return smooth[0].permute(1, 2, 0).mul(levels).round_().div_(levels)
+        return smooth.permute(0, 2, 3, 1).mul(levels).round_().div_(levels)
 
     def sketch(self, rgb):
         """Dark pencil lines where the luminance changes, on white paper (grayscale)."""
-        g = F.pad(self.gray(rgb)[None, None], (2, 2, 2, 2), mode="replicate")
-        grad = F.conv2d(g, self.sobel)[0]                           # (2, H, W)
-        edges = torch.hypot(grad[0], grad[1])
+        g = F.pad(self.gray(rgb)[:, None], (2, 2, 2, 2), mode="replicate")
+        grad = F.conv2d(g, self.sobel)                              # (B, 2, H, W)
+        edges = torch.hypot(grad[:, 0], grad[:, 1])
         # Faint gradients stay paper-white; stronger ones darken to full black.
         paper = 1.0 - edges.sub_(0.05).mul_(3.0).clamp_(0.0, 1.0)
-        return paper.unsqueeze(-1).expand(-1, -1, 3)
+        return paper.unsqueeze(-1).expand(-1, -1, -1, 3)
 
     def thermal(self, rgb):
         """Luminance through a black-purple-red-yellow-white colour map."""
-        index = self.gray(rgb).mul_(255.0).round_().clamp_(0, 255).long()  # (H, W)
-        return self.thermal_lut[index]                              # (H, W, 3)
+        index = self.gray(rgb).mul_(255.0).round_().clamp_(0, 255).long()  # (B, H, W)
+        return self.thermal_lut[index]                              # (B, H, W, 3)
 
 
 def thermal_colormap(n):

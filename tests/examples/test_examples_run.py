@@ -319,3 +319,49 @@ async def test_legacy_blocks_waits_for_a_prompt_then_animates(host_of):
     assert np.abs(forest.astype(int) - sea.astype(int)).mean() > 10
     assert np.array_equal(forest, again)
     assert host.model_errors == 0
+
+
+async def test_webcam_style_sessions_share_the_filters_and_keep_their_own_styles(host_of):
+    host = host_of(EXAMPLES / "webcam_style", seats=2)
+    picture = camera_picture()
+    first, second = LocalClient(host.seats[0]), LocalClient(host.seats[1])
+    await first.connect()
+    await second.connect()
+    try:
+        first.send_command("set_style", {"style": "thermal"})
+        second.send_command("set_style", {"style": "sketch"})
+        await asyncio.sleep(0.1)
+        for _ in range(5):  # both cameras at once: styled in one batched step
+            waiting = [asyncio.create_task(c.next_frame()) for c in (first, second)]
+            await asyncio.sleep(0)  # both waiting before either frame can come
+            first.send_frame("camera", picture)
+            second.send_frame("camera", picture)
+            thermal, sketch = [frame.image for frame in await asyncio.gather(*waiting)]
+        assert (sketch[..., 0] == sketch[..., 1]).all()        # sketch is grayscale
+        assert not (thermal[..., 0] == thermal[..., 2]).all()  # thermal is in colour
+        totals = host.batch_totals
+        assert totals.steps >= 10 and totals.batches < totals.steps
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_webcam_style_one_sessions_palette_never_tints_another(host_of):
+    host = host_of(EXAMPLES / "webcam_style", seats=2)
+    picture = camera_picture()
+    uploader, other = LocalClient(host.seats[0]), LocalClient(host.seats[1])
+    await uploader.connect()
+    await other.connect()
+    try:
+        uploader.send_command("set_palette", {"image": UploadedFile(
+            "orange.png", "image/png", png_of((200, 100, 0)))})
+        await uploader.next_message("palette_set", scope="application")
+        other.send_command("set_style", {"style": "palette"})
+        # The other session's palette is still plain white: a grayscale picture.
+        plain = (await styled(other, picture)).astype(int)
+        assert (plain[..., 0] == plain[..., 2]).all()
+        tinted = (await styled(uploader, picture)).astype(int)
+        assert (tinted[..., 0] > tinted[..., 2]).mean() > 0.9
+    finally:
+        await uploader.close()
+        await other.close()

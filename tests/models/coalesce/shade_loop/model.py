@@ -4,6 +4,7 @@ import asyncio
 from dataclasses import dataclass
 
 import numpy as np
+
 from reactor_runtime.interface import (
     InputField,
     InputState,
