@@ -12,15 +12,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-
 from reactor_runtime.interface import (
-    Audio,
-    InputField,
-    InputState,
-    Output,
-    ReactorModel,
-    Video,
-    connected,
+    Audio, InputField, InputState, Output, ReactorModel, Video, connected,
 )
 
 SAMPLE_RATE = 48000

@@ -3,13 +3,7 @@ from typing import Any
 
 import numpy as np
 
-from reactor_runtime.interface import (
-    InputField,
-    InputState,
-    Output,
-    ReactorPipeline,
-    Video,
-)
+from reactor_runtime.interface import InputField, InputState, Output, ReactorPipeline, Video
 
 
 @dataclass

@@ -9,8 +9,7 @@ import time
 import numpy as np
 import torch
 from pydantic import Field
-
-from reactor_runtime import VideoModel, command, get_ctx, model
+from reactor_runtime import VideoModel, model, command, get_ctx
 
 PATTERNS = ("plasma", "rings", "ripples")
 

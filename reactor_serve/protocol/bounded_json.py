@@ -31,11 +31,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Literal, TypeAlias
 
-from reactor_serve.runtime.field_errors import (
-    Unrepresentable,
-    clipped,
-    has_lone_surrogate,
-)
+from reactor_serve.runtime.field_errors import Unrepresentable, clipped, has_lone_surrogate
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",

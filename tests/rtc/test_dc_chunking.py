@@ -7,9 +7,9 @@ from reactor_serve.rtc.dc_chunking import (
     ChunkedChannel,
     ChunkingError,
     Reassembler,
+    with_chunking,
     frames,
     offered_limit,
-    with_chunking,
 )
 
 HEAD = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n"

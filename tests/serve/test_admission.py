@@ -17,11 +17,7 @@ import pytest
 from memory_directory import MemoryDirectory
 
 from reactor_serve.protocol.errors import ModelUnavailable, OfferRejected
-from reactor_serve.serve.admission import (
-    AdmissionQueue,
-    AdmissionTimeout,
-    admission_error,
-)
+from reactor_serve.serve.admission import AdmissionQueue, AdmissionTimeout, admission_error
 from reactor_serve.serve.ingress_sessions import IngressSessions
 from reactor_serve.serve.replica import SERVE_ACTOR_NAMESPACE
 from reactor_serve.serve.replica_calls import REPLICA_DIED, ReplicaCalls

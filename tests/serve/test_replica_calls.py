@@ -19,12 +19,7 @@ from reactor_serve.protocol.errors import (
     ViewerLimitReached,
 )
 from reactor_serve.serve.replica import SERVE_ACTOR_NAMESPACE, control_call
-from reactor_serve.serve.replica_calls import (
-    REPLICA_DIED,
-    ReplicaCalls,
-    ReplicaDied,
-    reported_error,
-)
+from reactor_serve.serve.replica_calls import REPLICA_DIED, ReplicaCalls, ReplicaDied, reported_error
 
 SESSION = "s-1"
 

@@ -4,17 +4,11 @@ import random
 from dataclasses import dataclass
 
 from reactor_runtime.interface import (
-    Input,
-    InputField,
-    InputState,
-    Output,
-    ReactorModel,
-    Video,
-    event,
+    Input, InputField, InputState, Output, ReactorModel, Video, event,
 )
+from reactor_serve.runtime.loading.model_spec import inspect_model
 from reactor_serve.protocol.wire_v1 import common_pb2, control_pb2, data_pb2
 from reactor_serve.protocol.wire_version import Wire
-from reactor_serve.runtime.loading.model_spec import inspect_model
 from reactor_serve.sessions.inbound_channel import InboundHandler, TokenBucket
 from reactor_serve.sessions.recording.recorder import ClipAnswer
 

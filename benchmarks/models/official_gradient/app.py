@@ -8,15 +8,7 @@ from typing import Any
 
 import yaml
 from gradient_render import render_batch
-
-from reactor_runtime import (
-    InputField,
-    InputState,
-    Output,
-    ReactorApp,
-    Video,
-    session_started,
-)
+from reactor_runtime import InputField, InputState, Output, ReactorApp, Video, session_started
 
 
 class GradientOutput(Output):

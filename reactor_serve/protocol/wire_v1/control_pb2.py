@@ -9,7 +9,6 @@ from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
     _runtime_version.Domain.PUBLIC,
     7,
@@ -23,6 +22,9 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from reactor_serve.protocol.wire_v1 import common_pb2 as reactor__serve_dot_protocol_dot_wire__v1_dot_common__pb2
+from reactor_serve.protocol.wire_v1 import platform_pb2 as reactor__serve_dot_protocol_dot_wire__v1_dot_platform__pb2
+from reactor_serve.protocol.wire_v1 import track_pb2 as reactor__serve_dot_protocol_dot_wire__v1_dot_track__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,reactor_serve/protocol/wire_v1/control.proto\x12\x15reactor_serve.wire.v1\x1a+reactor_serve/protocol/wire_v1/common.proto\x1a-reactor_serve/protocol/wire_v1/platform.proto\x1a*reactor_serve/protocol/wire_v1/track.proto\"\xf5\x05\n\x14\x43ontrolClientMessage\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x04kind\x18\x02 \x01(\x0e\x32\".reactor_serve.wire.v1.MessageKind\x12+\n\x04ping\x18\n \x01(\x0b\x32\x1b.reactor_serve.wire.v1.PingH\x00\x12>\n\x0erequest_schema\x18\x0b \x01(\x0b\x32$.reactor_serve.wire.v1.RequestSchemaH\x00\x12<\n\rfile_uploaded\x18\x0c \x01(\x0b\x32#.reactor_serve.wire.v1.FileUploadedH\x00\x12:\n\x0crequest_clip\x18\r \x01(\x0b\x32\".reactor_serve.wire.v1.RequestClipH\x00\x12\x44\n\x11request_recording\x18\x0e \x01(\x0b\x32\'.reactor_serve.wire.v1.RequestRecordingH\x00\x12<\n\rpublish_track\x18\x0f \x01(\x0b\x32#.reactor_serve.wire.v1.PublishTrackH\x00\x12\x38\n\x0bpause_track\x18\x10 \x01(\x0b\x32!.reactor_serve.wire.v1.PauseTrackH\x00\x12:\n\x0cresume_track\x18\x11 \x01(\x0b\x32\".reactor_serve.wire.v1.ResumeTrackH\x00\x12@\n\x0funpublish_track\x18\x12 \x01(\x0b\x32%.reactor_serve.wire.v1.UnpublishTrackH\x00\x12:\n\x0c\x63lient_stats\x18\x13 \x01(\x0b\x32\".reactor_serve.wire.v1.ClientStatsH\x00\x12-\n\x05\x65rror\x18( \x01(\x0b\x32\x1c.reactor_serve.wire.v1.ErrorH\x00\x42\t\n\x07payload\"\x81\x04\n\x14\x43ontrolServerMessage\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x04kind\x18\x02 \x01(\x0e\x32\".reactor_serve.wire.v1.MessageKind\x12:\n\x0cmodel_schema\x18\n \x01(\x0b\x32\".reactor_serve.wire.v1.ModelSchemaH\x00\x12\x36\n\nclip_ready\x18\x0b \x01(\x0b\x32 .reactor_serve.wire.v1.ClipReadyH\x00\x12\x38\n\x0b\x63lip_failed\x18\x0c \x01(\x0b\x32!.reactor_serve.wire.v1.ClipFailedH\x00\x12\x37\n\nmoderation\x18\r \x01(\x0b\x32!.reactor_serve.wire.v1.ModerationH\x00\x12\x44\n\rpublish_track\x18\x0e \x01(\x0b\x32+.reactor_serve.wire.v1.PublishTrackResponseH\x00\x12<\n\rsession_ended\x18\x0f \x01(\x0b\x32#.reactor_serve.wire.v1.SessionEndedH\x00\x12-\n\x05\x65rror\x18( \x01(\x0b\x32\x1c.reactor_serve.wire.v1.ErrorH\x00\x42\t\n\x07payloadb\x06proto3')

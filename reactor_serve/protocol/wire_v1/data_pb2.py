@@ -9,7 +9,6 @@ from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
     _runtime_version.Domain.PUBLIC,
     7,
@@ -23,6 +22,9 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from reactor_serve.protocol.wire_v1 import common_pb2 as reactor__serve_dot_protocol_dot_wire__v1_dot_common__pb2
+from reactor_serve.protocol.wire_v1 import model_pb2 as reactor__serve_dot_protocol_dot_wire__v1_dot_model__pb2
+from reactor_serve.protocol.wire_v1 import step_pb2 as reactor__serve_dot_protocol_dot_wire__v1_dot_step__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)reactor_serve/protocol/wire_v1/data.proto\x12\x15reactor_serve.wire.v1\x1a+reactor_serve/protocol/wire_v1/common.proto\x1a*reactor_serve/protocol/wire_v1/model.proto\x1a)reactor_serve/protocol/wire_v1/step.proto\"\x82\x02\n\x11\x44\x61taClientMessage\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x04kind\x18\x02 \x01(\x0e\x32\".reactor_serve.wire.v1.MessageKind\x12\x31\n\x07\x63ommand\x18\n \x01(\x0b\x32\x1e.reactor_serve.wire.v1.CommandH\x00\x12:\n\x0crequest_step\x18\x0b \x01(\x0b\x32\".reactor_serve.wire.v1.RequestStepH\x00\x12-\n\x05\x65rror\x18( \x01(\x0b\x32\x1c.reactor_serve.wire.v1.ErrorH\x00\x42\t\n\x07payload\"\x85\x02\n\x11\x44\x61taServerMessage\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x04kind\x18\x02 \x01(\x0e\x32\".reactor_serve.wire.v1.MessageKind\x12\x36\n\x07message\x18\n \x01(\x0b\x32#.reactor_serve.wire.v1.ModelMessageH\x00\x12\x38\n\x0bstep_result\x18\x0b \x01(\x0b\x32!.reactor_serve.wire.v1.StepResultH\x00\x12-\n\x05\x65rror\x18( \x01(\x0b\x32\x1c.reactor_serve.wire.v1.ErrorH\x00\x42\t\n\x07payloadb\x06proto3')

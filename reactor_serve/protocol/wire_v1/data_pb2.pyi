@@ -1,14 +1,10 @@
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-from typing import Optional as _Optional
-from typing import Union as _Union
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-
 from reactor_serve.protocol.wire_v1 import common_pb2 as _common_pb2
 from reactor_serve.protocol.wire_v1 import model_pb2 as _model_pb2
 from reactor_serve.protocol.wire_v1 import step_pb2 as _step_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 

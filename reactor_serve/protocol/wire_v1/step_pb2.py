@@ -9,7 +9,6 @@ from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
     _runtime_version.Domain.PUBLIC,
     7,
@@ -23,6 +22,9 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from reactor_serve.protocol.wire_v1 import model_pb2 as reactor__serve_dot_protocol_dot_wire__v1_dot_model__pb2
+from reactor_serve.protocol.wire_v1 import platform_pb2 as reactor__serve_dot_protocol_dot_wire__v1_dot_platform__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)reactor_serve/protocol/wire_v1/step.proto\x12\x15reactor_serve.wire.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a*reactor_serve/protocol/wire_v1/model.proto\x1a-reactor_serve/protocol/wire_v1/platform.proto\"\xc1\x01\n\x05\x46rame\x12\x36\n\x08\x65ncoding\x18\x01 \x01(\x0e\x32$.reactor_serve.wire.v1.FrameEncoding\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x15\n\x08metadata\x18\x05 \x01(\x0cH\x00\x88\x01\x01\x12\x1c\n\x0f\x63\x61pture_time_us\x18\x06 \x01(\x03H\x01\x88\x01\x01\x42\x0b\n\t_metadataB\x12\n\x10_capture_time_us\"\x88\x01\n\x0bTrackFrames\x12\r\n\x05track\x18\x01 \x01(\t\x12.\n\x04kind\x18\x02 \x01(\x0e\x32 .reactor_serve.wire.v1.TrackKind\x12,\n\x06\x66rames\x18\x03 \x03(\x0b\x32\x1c.reactor_serve.wire.v1.Frame\x12\x0c\n\x04rate\x18\x04 \x01(\x01\"\xa0\x01\n\x0bRequestStep\x12&\n\x05state\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x30\n\x08\x63ommands\x18\x02 \x03(\x0b\x32\x1e.reactor_serve.wire.v1.Command\x12\x37\n\x0bmedia_input\x18\x03 \x03(\x0b\x32\".reactor_serve.wire.v1.TrackFrames\"?\n\x0bStepFileRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\"\xb0\x02\n\nStepResult\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x32\n\x06tracks\x18\x02 \x03(\x0b\x32\".reactor_serve.wire.v1.TrackFrames\x12\x17\n\x0f\x65lapsed_seconds\x18\x03 \x01(\x01\x12\x31\n\x05\x66iles\x18\x04 \x03(\x0b\x32\".reactor_serve.wire.v1.StepFileRef\x12\x12\n\x05\x65rror\x18\x05 \x01(\tH\x00\x88\x01\x01\x12<\n\x0c\x66\x61ilure_code\x18\x06 \x01(\x0e\x32&.reactor_serve.wire.v1.StepFailureCode\x12\x11\n\x04\x63ode\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x12\n\x05\x65ntry\x18\x08 \x01(\tH\x02\x88\x01\x01\x42\x08\n\x06_errorB\x07\n\x05_codeB\x08\n\x06_entry*`\n\rFrameEncoding\x12\x1e\n\x1a\x46RAME_ENCODING_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46RAME_ENCODING_RAW\x10\x01\x12\x17\n\x13\x46RAME_ENCODING_H264\x10\x02*\x85\x02\n\x0fStepFailureCode\x12!\n\x1dSTEP_FAILURE_CODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19STEP_FAILURE_CODE_REFUSED\x10\x01\x12\x1f\n\x1bSTEP_FAILURE_CODE_NOT_READY\x10\x02\x12\x1c\n\x18STEP_FAILURE_CODE_FAILED\x10\x03\x12&\n\"STEP_FAILURE_CODE_RESULT_TOO_LARGE\x10\x04\x12$\n STEP_FAILURE_CODE_COMMAND_FAILED\x10\x05\x12#\n\x1fSTEP_FAILURE_CODE_SESSION_ENDED\x10\x06\x62\x06proto3')

@@ -31,11 +31,7 @@ from reactor_serve.protocol.channel_codec import (
 )
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.scaffold import init_model
-from reactor_serve.sessions.inbound_channel import (
-    COMMAND_BURST,
-    COMMAND_RATE,
-    TokenBucket,
-)
+from reactor_serve.sessions.inbound_channel import COMMAND_BURST, COMMAND_RATE, TokenBucket
 from reactor_serve.sessions.peer_session import PeerSession
 
 ANY = object()

@@ -6,18 +6,8 @@ import random
 import pytest
 from google.protobuf import struct_pb2
 
-from reactor_serve.protocol.channel_codec import (
-    MAX_MESSAGE_BYTES,
-    BadCommand,
-    ProtocolError,
-)
-from reactor_serve.protocol.wire_v1 import (
-    codec,
-    common_pb2,
-    control_pb2,
-    data_pb2,
-    model_pb2,
-)
+from reactor_serve.protocol.channel_codec import MAX_MESSAGE_BYTES, BadCommand, ProtocolError
+from reactor_serve.protocol.wire_v1 import codec, common_pb2, control_pb2, data_pb2, model_pb2
 from reactor_serve.runtime.field_errors import MAX_DEPTH
 
 

@@ -7,12 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from reactor_runtime.interface import (
-    InputState,
-    Output,
-    ReactorModel,
-    UploadedFile,
-    Video,
-    event,
+    InputState, Output, ReactorModel, UploadedFile, Video, event,
 )
 from reactor_serve.protocol.wire_v1 import common_pb2, data_pb2
 from reactor_serve.runtime.loading.model_spec import inspect_model

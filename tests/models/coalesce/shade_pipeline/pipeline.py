@@ -4,7 +4,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-
 from reactor_runtime.interface import InputField, InputState, ReactorPipeline, get_ctx
 
 
