@@ -66,14 +66,18 @@ class BatchScheduler:
         fps: float,
         name: str = "model",
         on_batch: Callable[[int, float], None] | None = None,
+        on_start: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`on_start` runs first on the scheduler's thread (to set per-thread state the
+        model's forward pass relies on, as torch's CPU thread count)."""
         self._step = getattr(model, decl.method_name)
         self._where = f"{type(model).__qualname__}.{decl.method_name}()"
         self.max_size = decl.max_size
         self.interval = 1.0 / fps
         self._last_start = float("-inf")
         self._on_batch = on_batch
+        self._on_start = on_start
         self._clock = clock
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
@@ -132,6 +136,8 @@ class BatchScheduler:
 
     def _main(self) -> None:
         try:
+            if self._on_start is not None:
+                self._on_start()
             while (batch := self._gather()) is not None:
                 self._run(batch)
         finally:

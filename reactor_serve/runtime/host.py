@@ -55,7 +55,7 @@ from reactor_serve.runtime.pacing.output_buffer import (
     OutputPort,
 )
 from reactor_serve.runtime.pacing.output_splitter import OutputSplitter
-from reactor_serve.runtime.seats import seat_count
+from reactor_serve.runtime.seats import intra_op_threads, seat_count, use_intra_op_threads
 from reactor_serve.runtime.session import EndReason, Session, SessionSink
 from reactor_serve.runtime.shared_state import SharedState
 from reactor_serve.runtime.startup_heap import freeze_startup_heap
@@ -122,6 +122,8 @@ class ModelHost:
                       output=seat_outputs[index] if seat_outputs else None)
             for index in range(count - 1)
         ]
+        # torch's CPU thread count on the loading thread after load() (runtime/seats.py).
+        self.intra_op_threads: int | None = None
         # What `load()` made, watched for in-place changes while seats share it.
         self.shared_state: SharedState | None = None
         self._shared_checked = 0.0
@@ -200,10 +202,14 @@ class ModelHost:
         if self.spec.batch is not None and self._shares is None:
             self.batch_scheduler = BatchScheduler(
                 self.model, self.spec.batch, fps=self.spec.fps, name=self.spec.name,
-                on_batch=self._batched)
+                on_batch=self._batched,
+                on_start=lambda: use_intra_op_threads(self.intra_op_threads))
         if self._others:
             assert self.model is not None
-            self.shared_state = SharedState(self.model, self.spec.cls.__qualname__)
+            # A @batched model's step runs for every session on the loaded model, so
+            # what it keeps there is shared on purpose: nothing to name.
+            if self.spec.batch is None:
+                self.shared_state = SharedState(self.model, self.spec.cls.__qualname__)
             for seat in self._others:
                 seat.shared_state = self.shared_state
                 seat.batch_scheduler = self.batch_scheduler
@@ -263,10 +269,13 @@ class ModelHost:
             if self._shares is not None:
                 model = self._shares.seat_model()
                 self._bind(model)
+                use_intra_op_threads(self._shares.intra_op_threads)
             else:
                 model = driver.create(self.config)
                 self._bind(model)
                 await driver.load(model, self.config)
+                # What load() left torch's CPU threads at, for the seats' threads too.
+                self.intra_op_threads = intra_op_threads()
         except Exception as exc:
             text = traceback.format_exc()
             log.error("model %s failed to load:\n%s", self.spec.name, text)

@@ -11,10 +11,11 @@ loaded one, so what a session *assigns* to `self` stays its own
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_SEATS", "SEATS_KEY", "seat_count"]
+__all__ = ["MAX_SEATS", "SEATS_KEY", "intra_op_threads", "seat_count", "use_intra_op_threads"]
 
 SEATS_KEY = "sessions_per_replica"
 # More seats than this on one model is a configuration mistake, not a plan: each is a
@@ -37,3 +38,23 @@ def seat_count(
             f"got {value!r}"
         )
     return value
+
+
+# torch's CPU thread count (`torch.set_num_threads`, OpenMP's) belongs to the thread
+# that sets it: a model that sets it in `load()` sets it for its loading thread only,
+# and every other thread that runs its forward passes (another seat's model thread,
+# the batch scheduler's) would start with one thread per core, and spin them.
+
+
+def intra_op_threads() -> int | None:
+    """The calling thread's torch CPU thread count, if torch is loaded."""
+    torch = sys.modules.get("torch")
+    return int(torch.get_num_threads()) if torch is not None else None
+
+
+def use_intra_op_threads(count: int | None) -> None:
+    """Give the calling thread the torch CPU thread count `count` (from the thread
+    that loaded the model); nothing without torch or a count."""
+    torch = sys.modules.get("torch")
+    if torch is not None and count is not None and torch.get_num_threads() != count:
+        torch.set_num_threads(count)

@@ -257,3 +257,31 @@ async def test_a_batched_model_in_a_model_process():
             await client.close()
     finally:
         await asyncio.to_thread(process.shutdown)
+
+
+class ThreadCounting(Levels):
+    """Sets torch's CPU threads in load() and records what its steps run with."""
+
+    def load(self, config):
+        import torch
+
+        torch.set_num_threads(1)
+        self.counts: list[int] = []
+
+    @batched(max_size=8)
+    def step(self, steps):
+        import torch
+
+        self.counts.append(torch.get_num_threads())
+        return super().step(steps)
+
+
+async def test_the_batch_runs_with_the_torch_threads_load_set(host_of):
+    torch = pytest.importorskip("torch")
+    if torch.get_num_threads() == 1:
+        pytest.skip("this machine's torch starts with one thread: nothing to tell apart")
+    host = host_of(ThreadCounting, seats=2)
+    async with LocalClient(host.seats[1]) as client:
+        await client.next_frame()
+    # (The step keeps its list on the loaded model: shared on purpose, and not named.)
+    assert host.model.counts and set(host.model.counts) == {1}

@@ -251,3 +251,28 @@ async def test_a_handler_error_ends_only_its_own_seats_session():
         await other.close()
     finally:
         await asyncio.to_thread(process.shutdown)
+
+
+class ThreadCountingShades(Shades):
+    def load(self, config):
+        import torch
+
+        super().load(config)
+        torch.set_num_threads(1)
+
+    def inference(self):
+        import torch
+
+        while True:
+            self.threads = torch.get_num_threads()  # per seat: assigned
+            yield np.full((8, 8, 3), 1, np.uint8)
+
+
+async def test_every_seat_runs_with_the_torch_threads_load_set(host_of):
+    torch = pytest.importorskip("torch")
+    if torch.get_num_threads() == 1:
+        pytest.skip("this machine's torch starts with one thread: nothing to tell apart")
+    host = host_of(ThreadCountingShades, seats=2)
+    async with LocalClient(host.seats[1]) as client:
+        await client.next_frame()
+        assert host.seats[1].model.threads == 1
