@@ -55,7 +55,11 @@ from reactor_serve.runtime.pacing.output_buffer import (
     OutputPort,
 )
 from reactor_serve.runtime.pacing.output_splitter import OutputSplitter
-from reactor_serve.runtime.seats import intra_op_threads, seat_count, use_intra_op_threads
+from reactor_serve.runtime.seats import (
+    intra_op_threads,
+    seat_count,
+    use_intra_op_threads,
+)
 from reactor_serve.runtime.session import EndReason, Session, SessionSink
 from reactor_serve.runtime.shared_state import SharedState
 from reactor_serve.runtime.startup_heap import freeze_startup_heap
