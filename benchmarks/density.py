@@ -20,6 +20,8 @@ Each line, after a warm-up, over the measured window:
   cpu_ms_per_frame        this process's and the model process's CPU per new frame
   target_fps              the model's frame rate, each session's target
   step_ms_batch1          one forward pass at batch 1, timed alone here first
+  device                  where the model ran (`--device cuda` for a GPU; `--width` and
+                          `--depth` size the decoder)
 
 `--seconds` sets the window (default 8), `--warmup` the warm-up (default 3).
 """
@@ -50,27 +52,27 @@ MODEL = Path(__file__).resolve().parent / "models" / "density_net"
 SESSIONS = (1, 2, 4, 8)
 
 
-def model_copy(root: Path, batched: bool, seats: int) -> Path:
-    """The model directory with this case's class and seats."""
+def model_copy(root: Path, batched: bool, seats: int, config: dict) -> Path:
+    """The model directory with this case's class, seats and `config`."""
     target = root / f"{'batched' if batched else 'unbatched'}-{seats}"
     shutil.copytree(MODEL, target)
     cls = "BatchedDensityNet" if batched else "DensityNet"
     (target / "reactor.yaml").write_text(yaml.safe_dump({
         "model": f"pipeline:{cls}", "name": "density-net",
-        "config": {"sessions_per_replica": seats, "threads": 1},
+        "config": {"sessions_per_replica": seats, **config},
     }))
     return target
 
 
-def batch1_step_ms() -> float:
+def batch1_step_ms(config: dict) -> float:
     """One forward pass at batch 1, timed here (the model's own code, no runtime)."""
     manifest = load_manifest(MODEL)
     model = manifest.load_class()()
-    model.load({"threads": 1})
-    model.forward([1])
+    model.load(config)
+    model.forward([1]).cpu()
     started = time.perf_counter()
     for _ in range(10):
-        model.forward([1])
+        model.forward([1]).cpu()  # .cpu(): waits for a GPU's work, as an emit does
     return (time.perf_counter() - started) / 10 * 1000
 
 
@@ -97,8 +99,8 @@ class Watch:
 
 
 async def run_case(root: Path, sessions: int, batched: bool, seconds: float,
-                   warmup: float) -> dict:
-    process = ModelProcess(model_copy(root, batched, sessions))
+                   warmup: float, config: dict) -> dict:
+    process = ModelProcess(model_copy(root, batched, sessions, config))
     await asyncio.to_thread(process.start)
     watches: list[Watch] = []
     try:
@@ -157,13 +159,18 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--sessions", type=int, nargs="*", default=list(SESSIONS))
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--width", type=int, default=2048, help="the decoder's width")
+    parser.add_argument("--depth", type=int, default=6, help="the decoder's hidden layers")
     args = parser.parse_args()
-    batch1 = round(batch1_step_ms(), 1)
+    config = {"threads": 1, "device": args.device, "width": args.width, "depth": args.depth}
+    batch1 = round(batch1_step_ms(config), 1)
     with tempfile.TemporaryDirectory(prefix="reactor-density-") as tmp:
         for batched in (False, True):
             for sessions in args.sessions:
-                line = await run_case(Path(tmp), sessions, batched, args.seconds, args.warmup)
-                line["step_ms_batch1"] = batch1
+                line = await run_case(Path(tmp), sessions, batched, args.seconds, args.warmup,
+                                      config)
+                line.update(step_ms_batch1=batch1, device=args.device)
                 print(json.dumps(line), flush=True)
 
 

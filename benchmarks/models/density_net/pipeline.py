@@ -36,16 +36,21 @@ class DensityNet(ReactorPipeline):
     def load(self, config):
         torch.manual_seed(0)
         torch.set_num_threads(int(config.get("threads", 1)))
+        device = config.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device)
         width = int(config.get("width", 2048))
-        self.net = decoder(width, int(config.get("depth", 6)))
-        self.latent = torch.rand(1, width)
+        self.net = decoder(width, int(config.get("depth", 6))).to(self.device)
+        self.latent = torch.rand(1, width, device=self.device)
 
     @torch.inference_mode()
     def forward(self, levels):
+        """(B, H, W, 3) uint8 frames, on the model's device (the runtime copies a
+        CUDA frame to the host itself)."""
         x = self.latent.expand(len(levels), -1)
         out = self.net(x).mul(255).to(torch.uint8).view(len(levels), HEIGHT, WIDTH, 3)
-        out[:, :8, :8, :] = torch.tensor(levels, dtype=torch.uint8)[:, None, None, None]
-        return out.numpy()
+        marks = torch.tensor(levels, dtype=torch.uint8, device=self.device)
+        out[:, :8, :8, :] = marks[:, None, None, None]
+        return out
 
     def inference(self):
         while True:
