@@ -186,10 +186,14 @@ def _feed(client: LocalClient, host: ModelHost) -> None:
 
 
 @pytest.mark.parametrize("seats", [2, 4])
-@pytest.mark.parametrize("example", ["gradient", "webcam_style", "audio_tone",
-                                     "legacy_blocks", "world"])
+@pytest.mark.parametrize("example", [
+    *(EXAMPLES / name for name in ("gradient", "webcam_style", "audio_tone", "legacy_blocks",
+                                   "world")),
+    # The reference pages' models, as written there.
+    *(MODELS / "reference" / name for name in ("generator", "legacy_blocks", "run_loop", "v2v")),
+], ids=lambda path: f"{path.parent.name}/{path.name}")
 async def test_every_example_serves_every_seat_at_once(host_of, example, seats):
-    host = host_of(EXAMPLES / example, seats=seats)
+    host = host_of(example, seats=seats)
     assert len(host.seats) == seats
     clients = [LocalClient(seat) for seat in host.seats]
     try:
