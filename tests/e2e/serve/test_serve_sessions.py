@@ -128,8 +128,18 @@ async def test_two_ingress_replicas_a_killed_one_loses_no_session(ray_serve):
         await frames_flow(second, count=10)
         await wait_until(lambda: replica_states("ha", "ReactorIngress").get("RUNNING") == 2,
                          90, "Serve to restart the ingress")
-        async with httpx.AsyncClient(timeout=10) as http:
-            listed = (await http.get(f"{model}/sessions", headers=OPERATOR)).json()["sessions"]
+        # The restarted ingress replicas' first answers can be slow on a loaded machine
+        # (Serve's controller is still busy with the restart); ask as a client would,
+        # again after a timeout.
+        async def listed_sessions():
+            async with httpx.AsyncClient(timeout=10) as http:
+                try:
+                    reply = await http.get(f"{model}/sessions", headers=OPERATOR)
+                except httpx.TimeoutException:
+                    return None
+                return reply.json()["sessions"] if reply.status_code == 200 else None
+
+        listed = await wait_until(listed_sessions, 60, "the restarted ingress to list sessions")
         assert len(listed) == 2 and all(s["state"] == "placed" for s in listed)
         await second.peer.pc.close()
         await wait_until(lambda: second.reconnects >= 1 and second.state == "streaming", 30,
