@@ -44,6 +44,10 @@ class BatchTotals:
     steps: int = 0
     seconds: float = 0.0
 
+    def plus(self, steps: int, seconds: float) -> BatchTotals:
+        """These totals and one more batch of `steps` that took `seconds`."""
+        return BatchTotals(self.batches + 1, self.steps + steps, self.seconds + seconds)
+
 
 class _Request:
     __slots__ = ("seat", "step", "future")
@@ -191,9 +195,7 @@ class BatchScheduler:
                 request.future.set_exception(failure)
             return
         seconds = time.perf_counter() - started
-        totals = self._totals
-        self._totals = BatchTotals(totals.batches + 1, totals.steps + len(live),
-                                   totals.seconds + seconds)
+        self._totals = self._totals.plus(len(live), seconds)
         if self._on_batch is not None:
             try:
                 self._on_batch(len(live), seconds)

@@ -669,10 +669,9 @@ class SeatedSessionBackend:
             self._release(slot)
 
     def _slot_of(self, peer: PeerSession) -> _Slot | None:
-        slot = self._live.get(getattr(peer, "id", None) or "")
-        if slot is not None and slot.peer is peer:
-            return slot
-        return next((s for s in self._live.values() if s.peer is peer), None)
+        # A peer is made with its session's id (create_session).
+        slot = self._live.get(peer.id)
+        return slot if slot is not None and slot.peer is peer else None
 
     def _on_peer_state(self, peer: PeerSession, state: str) -> None:
         slot = self._slot_of(peer)

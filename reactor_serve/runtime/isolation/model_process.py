@@ -491,9 +491,7 @@ class ModelProcess:
         elif op == "stepped":
             child.answer_step(args[0], args[1])
         elif op == "batched":
-            totals = self._batch_totals or BatchTotals()
-            self._batch_totals = BatchTotals(totals.batches + 1, totals.steps + args[0],
-                                             totals.seconds + args[1])
+            self._batch_totals = (self._batch_totals or BatchTotals()).plus(args[0], args[1])
         elif op == "loaded":
             log.info("model %s loaded in its process in %.1f s", self.spec.name, args[0])
             child.loaded.set_result(None)
