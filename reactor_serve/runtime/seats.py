@@ -15,6 +15,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from reactor_serve.runtime.loading.count_setting import count_setting
+
 __all__ = ["MAX_SEATS", "SEATS_KEY", "intra_op_threads", "seat_count", "use_intra_op_threads"]
 
 SEATS_KEY = "sessions_per_replica"
@@ -29,15 +31,7 @@ def seat_count(
     """`seats` when given (a command line's or serve_config.yaml's), else the model
     config's `sessions_per_replica`, else 1. Raises ValueError naming the field and
     the model when it is not a whole number from 1 to MAX_SEATS."""
-    value = seats if seats is not None else (config or {}).get(SEATS_KEY, 1)
-    if value is None:
-        return 1
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SEATS:
-        raise ValueError(
-            f"model {model}: {SEATS_KEY}: expected a whole number from 1 to {MAX_SEATS}, "
-            f"got {value!r}"
-        )
-    return value
+    return count_setting(config, SEATS_KEY, model, seats, MAX_SEATS)
 
 
 # torch's CPU thread count (`torch.set_num_threads`, OpenMP's) belongs to the thread

@@ -26,7 +26,6 @@ import concurrent.futures
 import logging
 import os
 import queue
-import site
 import subprocess
 import sys
 import threading
@@ -36,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-import reactor_serve
 from reactor_serve.interface.legacy import ModelConfig
 from reactor_serve.runtime.batch_scheduler import BatchTotals
 from reactor_serve.runtime.host import (
@@ -47,6 +45,7 @@ from reactor_serve.runtime.host import (
 )
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.runtime.input_latency import CommandTicket, FrameAnswer
+from reactor_serve.runtime.isolation.child_environment import child_environment
 from reactor_serve.runtime.isolation.child_supervisor import (
     ChildStopped,
     ChildSupervisor,
@@ -254,13 +253,7 @@ class ModelProcess:
 
     def _spawn(self) -> _Child:
         ours, theirs = channel_pair()
-        env = {**os.environ, **self.env}
-        package_root = str(Path(reactor_serve.__file__).resolve().parents[1])
-        if package_root not in _site_dirs():
-            # Running from a checkout: the child imports the same reactor_serve.
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (package_root, env.get("PYTHONPATH")) if p
-            )
+        env = child_environment(self.env)
         command = [
             sys.executable,
             "-m",
@@ -692,11 +685,3 @@ class _Child:
 def _load_failure_text(error: Exception) -> str:
     """What is logged when a restarted model fails to load: its traceback."""
     return error.traceback if isinstance(error, ModelLoadError) else str(error)
-
-
-def _site_dirs() -> set[str]:
-    dirs = set(site.getsitepackages())
-    user = site.getusersitepackages()
-    if isinstance(user, str):
-        dirs.add(user)
-    return {str(Path(d).resolve()) for d in dirs}

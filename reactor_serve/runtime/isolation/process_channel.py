@@ -50,6 +50,12 @@ class ProcessChannel:
     def fileno(self) -> int:
         return self._connection.fileno()
 
+    @staticmethod
+    def encode(*message: Any) -> bytes:
+        """`(op, *args)` as `send_encoded` takes it: encode once, send to many. Raises
+        what pickling raised for a value that cannot cross."""
+        return pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+
     def send(self, *message: Any) -> bool:
         """Send `(op, *args)`; False when the other end is gone (nothing raised: a
         finalizer or the model's emit must not fail because the peer died)."""
@@ -58,10 +64,16 @@ class ProcessChannel:
         try:
             # Pickled before the lock: a value that cannot cross (a model's message
             # holding a lock, say) fails alone, with nothing half-written.
-            data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+            data = self.encode(*message)
         except Exception as exc:
             log.error("%r cannot cross to the other process (%s: %s): dropped",
                       message[0] if message else message, type(exc).__name__, exc)
+            return False
+        return self.send_encoded(data)
+
+    def send_encoded(self, data: bytes) -> bool:
+        """Send a message from `encode`; False when the other end is gone."""
+        if self.closed:
             return False
         try:
             with self._send_lock:

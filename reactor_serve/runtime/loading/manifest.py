@@ -33,7 +33,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from reactor_serve.runtime.field_errors import field_problems
 
-__all__ = ["Manifest", "ManifestError", "load_manifest"]
+__all__ = ["Manifest", "ManifestError", "load_manifest", "model_dir_of"]
 
 MANIFEST_NAMES = ("reactor.yaml", "reactor.yml")
 DEFAULT_CONFIG_NAME = "config.yml"
@@ -131,6 +131,11 @@ class Manifest:
     # The manifest field the import path came from ("model" or "runtime.import"),
     # so that errors name the field the author actually wrote.
     import_field: str = dataclasses.field(default="model", repr=False, compare=False)
+
+    def import_module(self, module_name: str) -> types.ModuleType:
+        """A module of the model directory, by its name there (once per process, as
+        `load_class` imports the model's own)."""
+        return _import_model_module(self, module_name)
 
     def load_class(self) -> type:
         """Import the model module (once per process) and return the model class."""
@@ -260,11 +265,26 @@ def _load_config(
 # --------------------------------------------------------------------------- importing
 
 
+_PACKAGE_PREFIX = "_reactor_model_"
+
+
 def _package_name(root: Path) -> str:
     # Derived from the directory so that many models whose files share a name
     # (every scaffold writes pipeline.py) coexist in one process.
     digest = hashlib.sha1(str(root).encode("utf-8")).hexdigest()[:8]
-    return f"_reactor_model_{digest}"
+    return f"{_PACKAGE_PREFIX}{digest}"
+
+
+def model_dir_of(module_name: str) -> tuple[str, str] | None:
+    """For a module imported from a model directory (whose package name is made up per
+    directory), that directory and the module's name inside it; None for any other.
+    Another process imports the same module with `load_manifest(dir).import_module`."""
+    package, _, inner = module_name.partition(".")
+    if not package.startswith(_PACKAGE_PREFIX) or not inner:
+        return None
+    loaded = sys.modules.get(package)
+    paths = list(getattr(loaded, "__path__", []) or [])
+    return (paths[0], inner) if paths else None
 
 
 def _ensure_package(root: Path) -> str:

@@ -1,0 +1,56 @@
+"""Worker classes for the ranks tests: each rank logs what it applied, in order, to a
+file of its own, and inputs name the failure to act out."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from reactor_serve.runtime.ranks import DistributedWorker
+
+
+class SummingWorker(DistributedWorker):
+    """Each rank adds its share to an all-reduce; rank 0 returns the sum. Inputs:
+    a number (a step), or a (failure, rank) pair to act out on that rank."""
+
+    def load(self, log_dir: str, fail_load_on: int | None = None) -> None:
+        if fail_load_on == self.rank:
+            raise ValueError(f"rank {self.rank} cannot load")
+        self.log = Path(log_dir) / f"rank-{self.rank}.log"
+        self.log.write_text(f"loaded {os.getpid()} {self.world_size} {self.device} "
+                            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '-')}\n")
+        self.steps = 0
+
+    def generate(self, value):
+        with self.log.open("a") as log:
+            log.write(f"generate {value!r}\n")
+        if isinstance(value, tuple):
+            failure, rank = value
+            if failure == "everyone_raises":
+                raise KeyError(f"no such thing on rank {self.rank}")
+            if rank == self.rank:
+                if failure == "die":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if failure == "hang":
+                    time.sleep(3600)
+                if failure == "raise":
+                    raise ValueError("only this rank fails")
+                if failure == "unpicklable":
+                    return lambda: None
+            return None
+        self.steps += 1
+        share = torch.tensor([float(value) * (self.rank + 1)])
+        if self.world_size > 1:
+            dist.all_reduce(share)
+        return {"sum": share.item(), "steps": self.steps, "rank": self.rank,
+                "world_size": self.world_size, "device": self.device}
+
+    def reset(self) -> None:
+        with self.log.open("a") as log:
+            log.write("reset\n")
+        self.steps = 0
