@@ -186,6 +186,14 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         help="serve up to N sessions at once on the one loaded model (default: the "
         "model config's sessions_per_replica, else 1)",
     )
+    parser.add_argument(
+        "--ranks",
+        metavar="R",
+        type=int,
+        default=None,
+        help="start the model's DistributedRunner on R processes, a GPU each (default: "
+        "the model config's ranks, else 1)",
+    )
     _add_database_url(parser)
     _add_in_process(parser)
     parser.set_defaults(handler=_cmd_run)
@@ -247,6 +255,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             access=access,
             operator_token=args.operator_token,
             seats=args.sessions_per_replica,
+            ranks=args.ranks,
         )
     except (WebRTCSettingsError, ValueError) as exc:
         raise CommandError(str(exc)) from exc

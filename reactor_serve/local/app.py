@@ -48,6 +48,7 @@ def create_app(
     access: AccessControl | None = None,
     operator_token: str | None = None,
     seats: int | None = None,
+    ranks: int | None = None,
 ) -> FastAPI:
     """A FastAPI app serving the model in `model_dir` at the root.
 
@@ -64,13 +65,14 @@ def create_app(
     The app closes it at shutdown.
 
     `seats`: sessions served at once by the one loaded model (default: the model
-    config's `sessions_per_replica`, else 1).
+    config's `sessions_per_replica`, else 1). `ranks`: processes, a GPU each, the
+    model's `DistributedRunner` starts (default: the model config's `ranks`, else 1).
     """
     from reactor_serve import __version__
     from reactor_serve.runtime.host import ModelLoadError
     from reactor_serve.runtime.isolation.model_process import hosted_model
 
-    host = hosted_model(model_dir, in_process, seats=seats)
+    host = hosted_model(model_dir, in_process, seats=seats, ranks=ranks)
     settings = _settings(host.config, settings_override, source=f"{model_dir}")
     backend = SeatedSessionBackend(host, settings)
     # A bad `recording` section fails here, naming the field, not at the first session.

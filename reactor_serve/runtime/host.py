@@ -55,6 +55,7 @@ from reactor_serve.runtime.pacing.output_buffer import (
     OutputPort,
 )
 from reactor_serve.runtime.pacing.output_splitter import OutputSplitter
+from reactor_serve.runtime.ranks.errors import rank_failure_in
 from reactor_serve.runtime.seats import (
     intra_op_threads,
     seat_count,
@@ -174,6 +175,9 @@ class ModelHost:
         self._tasks: set[asyncio.Task[Any]] = set()
         # When the running step of a stepped session started its unit.
         self._step_started = 0.0
+        # Why this loaded model can serve no more sessions though its thread lives:
+        # its ranks failed (runtime/ranks), and only a fresh load starts new ones.
+        self.broken: str | None = None
 
     # ---- construction -----------------------------------------------------------
 
@@ -254,9 +258,9 @@ class ModelHost:
 
     @property
     def healthy(self) -> bool:
-        """Loaded, and the model thread (every seat's) is alive."""
-        return (self.model is not None and self.load_error is None and self._thread.alive
-                and all(seat.healthy for seat in self._others))
+        """Loaded, not broken, and the model thread (every seat's) is alive."""
+        return (self.model is not None and self.load_error is None and self.broken is None
+                and self._thread.alive and all(seat.healthy for seat in self._others))
 
     @property
     def session(self) -> Session | None:
@@ -432,6 +436,10 @@ class ModelHost:
             session.id,
             "".join(traceback.format_exception(exc)),
         )
+        failure = rank_failure_in(exc)
+        if failure is not None:
+            # The runner stopped its ranks: this load cannot serve another session.
+            (self._shares or self).broken = f"{type(failure).__name__}: {failure}"
         await self._disconnect(session, EndReason.ERROR, f"{where} raised {type(exc).__name__}: {exc}")
 
     def _schedule_fail(self, session: Session, where: str, exc: BaseException) -> None:

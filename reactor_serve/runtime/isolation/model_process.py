@@ -61,6 +61,7 @@ from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.runtime.loading.model_spec import ModelSpec, inspect_model
 from reactor_serve.runtime.pacing.frames import audio_chunk, video_batch
 from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
+from reactor_serve.runtime.ranks.rank_count import RANKS_ENV, rank_count
 from reactor_serve.runtime.seats import seat_count
 from reactor_serve.runtime.session import EndReason, Session, SessionHost, SessionSink
 from reactor_serve.runtime.startup_heap import freeze_startup_heap
@@ -80,17 +81,26 @@ def in_process_requested() -> bool:
 
 def hosted_model(
     path: str | Path, in_process: bool | None = None, env: dict[str, str] | None = None,
-    seats: int | None = None,
+    seats: int | None = None, ranks: int | None = None,
 ) -> ModelProcess | ModelHost:
     """The model directory at `path`, ready to `start()`: in a process of its own (with
     `env` added to its environment), or (`in_process`, default from
     `REACTOR_IN_PROCESS`) on a thread of this one. `seats`: sessions served at once
-    (default: the model config's `sessions_per_replica`, else 1)."""
+    (default: the model config's `sessions_per_replica`, else 1). `ranks`: GPUs, a
+    process each, its `DistributedRunner` starts (default: the model config's
+    `ranks`, else 1); ranks need the model's own process, so they rule out
+    `in_process`."""
     if in_process is None:
         in_process = in_process_requested()
     if in_process:
-        return ModelHost.from_manifest(path, seats=seats)
-    return ModelProcess(path, env=env, seats=seats)
+        host = ModelHost.from_manifest(path, seats=seats)
+        if rank_count(host.config, host.spec.name, ranks) > 1:
+            raise ValueError(
+                f"model {host.spec.name}: ranks above 1 run in the model's own process "
+                "(a failed rank restarts it with all its ranks): drop --in-process"
+            )
+        return host
+    return ModelProcess(path, env=env, seats=seats, ranks=ranks)
 
 
 class ModelProcess:
@@ -111,7 +121,7 @@ class ModelProcess:
 
     def __init__(
         self, path: str | Path, *, name: str | None = None, env: dict[str, str] | None = None,
-        seats: int | None = None,
+        seats: int | None = None, ranks: int | None = None,
     ) -> None:
         manifest = load_manifest(path)
         # Added to this process's environment for the model process.
@@ -120,6 +130,10 @@ class ModelProcess:
         self.model_dir = str(manifest.root)
         self.spec: ModelSpec = inspect_model(model_cls, name or manifest.name)
         self.config: ModelConfig = model_config(model_cls, manifest.config)
+        # The ranks its `DistributedRunner` starts (runtime/ranks), told in the
+        # environment: a runner made without a world_size starts this many.
+        self.ranks = rank_count(self.config, self.spec.name, ranks)
+        self.env[RANKS_ENV] = str(self.ranks)
         # Sessions served at once by the one model process (runtime/seats.py): each
         # seat has its output buffer here; this object is the first seat.
         count = seat_count(self.config, self.spec.name, seats)

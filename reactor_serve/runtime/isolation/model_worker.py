@@ -127,9 +127,11 @@ class _Worker:
                     log.error("the media process is gone: the model process exits")
                     self.done.set()
                 elif self.host is not None and not self.host.healthy:
-                    # sys.exit() or KeyboardInterrupt in model code ends its loop; a
-                    # new process is the way back, and the media process starts one.
-                    log.error("the model's thread has ended: the model process exits")
+                    # sys.exit() or KeyboardInterrupt in model code ends its loop, a
+                    # failed rank stops all of a model's ranks; a new process is the
+                    # way back, and the media process starts one.
+                    why = self.host.broken or "the model's thread has ended"
+                    log.error("%s: the model process exits", why)
                     self.failed = True
                     self.done.set()
 

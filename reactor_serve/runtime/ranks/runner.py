@@ -243,10 +243,12 @@ class DistributedRunner:
             waiting = [rank for rank in self._ranks if rank.rank not in answers]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                names = ", ".join(str(rank.rank) for rank in waiting)
+                # What each silent rank was doing says which one hangs: the others
+                # usually sleep in a collective, waiting for it.
+                names = ", ".join(f"{rank.rank} ({_activity(rank.process.pid)})" for rank in waiting)
                 raise WorkerTimeout(
-                    f"{what}: rank {names} did not answer within {timeout:g} s "
-                    f"({len(answers)} of {len(self._ranks)} answered); every rank was stopped"
+                    f"{what}: no answer within {timeout:g} s from rank {names}; "
+                    f"{len(answers)} of {len(self._ranks)} answered; every rank was stopped"
                 )
             ready = wait(waiting, min(remaining, LIVENESS_POLL_S))
             for rank in ready:
@@ -398,6 +400,20 @@ def _where_defined(worker_cls: type) -> tuple[str, str, str | None, str | None]:
                             "imports the worker class, so define it in a file")
         return module, qualname, None, os.path.abspath(path)
     return module, qualname, None, None
+
+
+_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O",
+           "T": "stopped by a signal", "t": "stopped by a debugger", "Z": "exited"}
+
+
+def _activity(pid: int) -> str:
+    """What the kernel says a process is doing (Linux), for a person."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "state unknown"
+    return _STATES.get(state, f"state {state}")
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

@@ -1,0 +1,162 @@
+"""A multi-rank model on `reactor run`, over real WebRTC: the split painter example with
+R = 2 and 3 rank processes in a real gloo group. Frames stream, every rank logs the
+same steps, a killed or stopped rank ends the session naming it and the next session
+works, and nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from paths import EXAMPLES
+
+from reactor_serve.client import connect
+
+PAINTER = EXAMPLES / "split_painter"
+RANK_MODULE = "reactor_serve.runtime.ranks.rank_process"
+
+
+def painter_copy(tmp_path: Path, **config) -> Path:
+    copy = tmp_path / "split_painter"
+    shutil.copytree(PAINTER, copy)
+    lines = [f"{key}: {value!r}" if isinstance(value, str) else f"{key}: {value}"
+             for key, value in config.items()]
+    with (copy / "config.yml").open("a") as file:
+        file.write("\n" + "\n".join(lines) + "\n")
+    return copy
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
+
+
+def rank_pids(run_pid: int) -> dict[int, int]:
+    """The rank processes under `reactor run` (model process -> ranks), by rank."""
+    ranks = {}
+    for model_process in children(run_pid):
+        for pid in children(model_process):
+            line = cmdline(pid)
+            if RANK_MODULE in line:
+                ranks[int(line[line.index("--rank") + 1])] = pid
+    return ranks
+
+
+def wait_for_ranks(run_pid: int, count: int, avoid: set[int] = frozenset(), timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ranks = rank_pids(run_pid)
+        if len(ranks) == count and not set(ranks.values()) & avoid:
+            return ranks
+        time.sleep(0.1)
+    raise AssertionError(f"no {count} fresh ranks under reactor run within {timeout} s: {ranks}")
+
+
+async def painted_frame(client, timeout=30.0):
+    """The first frame the model painted (before it, the client sees black at a
+    default size)."""
+    deadline = time.monotonic() + timeout
+    while (image := (await client.next_frame()).image).shape != (96, 128, 3):
+        assert time.monotonic() < deadline, f"no painted frame within {timeout} s"
+    return image
+
+
+async def frames_until_hue_changes(client, timeout=20.0):
+    first = await painted_frame(client)
+    deadline = time.monotonic() + timeout
+    while True:
+        frame = (await client.next_frame()).image
+        if abs(float(frame.mean()) - float(first.mean())) > 8:
+            return first, frame
+        assert time.monotonic() < deadline, "the hue command never showed"
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+async def test_a_multi_rank_model_streams_and_every_rank_sees_the_same_steps(
+    reactor_run, tmp_path, ranks
+):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    run = reactor_run(painter_copy(tmp_path, rank_log_dir=str(logs)), "--ranks", str(ranks))
+    pids = wait_for_ranks(run.process.pid, ranks)
+    client = await connect(run.url)
+    try:
+        assert (await painted_frame(client)).std() > 5  # a picture, not a flat fill
+        for hue in (0.5, 0.9):
+            client.send_command("set_hue", {"hue": hue})
+            await frames_until_hue_changes(client)
+    finally:
+        await client.close()
+    # Each rank's own log: the same steps, in the same order, hue changes included.
+    steps = [(logs / f"rank-{rank}.log").read_text().splitlines() for rank in range(ranks)]
+    shortest = min(len(s) for s in steps)
+    assert shortest > 20
+    assert all(s[:shortest] == steps[0][:shortest] for s in steps)
+    hues = [line.split()[1] for line in steps[0][:shortest]]
+    assert hues.index("0.5000") < hues.index("0.9000")
+    shm_before = set(os.listdir("/dev/shm"))
+    run.stop()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in pids.values()):
+        assert time.monotonic() < deadline, "a rank outlived reactor run"
+        time.sleep(0.1)
+    assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+@pytest.mark.parametrize("failure", ["killed", "stopped"])
+async def test_a_failed_rank_ends_the_session_naming_it_and_the_next_session_works(
+    reactor_run, tmp_path, failure
+):
+    run = reactor_run(painter_copy(tmp_path, step_timeout_s=2.0), "--ranks", "2")
+    pids = wait_for_ranks(run.process.pid, 2)
+    client = await connect(run.url)
+    try:
+        await painted_frame(client)
+        victim = pids[1]
+        if failure == "killed":
+            os.kill(victim, signal.SIGKILL)
+        else:
+            os.kill(victim, signal.SIGSTOP)  # alive, and never answers again
+        ended = await client.next_message("sessionEnded", scope="runtime", after=0, timeout=30)
+    finally:
+        await client.close()
+    assert ended["data"]["reason"] == "error"
+    message = ended["data"]["message"]
+    if failure == "killed":
+        assert "WorkerCrashed" in message and f"rank 1 (pid {victim})" in message, message
+        assert "SIGKILL" in message, message
+    else:
+        assert "WorkerTimeout" in message and "no answer within 2 s" in message, message
+        assert "1 (stopped by a signal)" in message, message
+    # Every rank of the failed group is gone; the model restarted with fresh ones.
+    fresh = wait_for_ranks(run.process.pid, 2, avoid=set(pids.values()))
+    for pid in pids.values():
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
+            assert time.monotonic() < deadline, f"rank pid {pid} of the failed group lives on"
+            time.sleep(0.1)
+    again = await connect(run.url, timeout=60)
+    try:
+        await painted_frame(again)
+    finally:
+        await again.close()
+    assert rank_pids(run.process.pid) == fresh
