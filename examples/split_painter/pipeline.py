@@ -4,6 +4,7 @@ frame that rank 0 returns. The picture is the same for any number of ranks: the
 weights are drawn whole, from one seed, and each rank keeps its slice."""
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ class PainterShard(DistributedWorker):
         self.grid = torch.stack([xs, ys], -1).reshape(-1, 2).to(self.device)
         self.size = (height, width)
         self.log = Path(log_dir) / f"rank-{self.rank}.log" if log_dir else None
+        if self.log is not None:
+            gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "none")
+            self.log.write_text(f"rank {self.rank} of {self.world_size} pid {os.getpid()} "
+                                f"device {self.device} gpu {gpu}\n")
 
     def generate(self, step: dict[str, float]) -> np.ndarray:
         if self.log is not None:

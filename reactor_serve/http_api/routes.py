@@ -412,6 +412,8 @@ def session_routes(
             "model": b.spec.name,
             "live_sessions": live if isinstance(live, int) else 0,
         }
+        if "ranks" in report:
+            body["ranks"] = report["ranks"]
         return _json(body, 200 if healthy else 503)
 
     # ---- WebRTC transport --------------------------------------------------------

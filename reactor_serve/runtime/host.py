@@ -56,6 +56,7 @@ from reactor_serve.runtime.pacing.output_buffer import (
 )
 from reactor_serve.runtime.pacing.output_splitter import OutputSplitter
 from reactor_serve.runtime.ranks.errors import rank_failure_in
+from reactor_serve.runtime.ranks.rank_census import RankProcess
 from reactor_serve.runtime.seats import (
     intra_op_threads,
     seat_count,
@@ -178,6 +179,10 @@ class ModelHost:
         # Why this loaded model can serve no more sessions though its thread lives:
         # its ranks failed (runtime/ranks), and only a fresh load starts new ones.
         self.broken: str | None = None
+        # Told why when the model breaks (any thread): a model process exits on it.
+        self.on_broken: Callable[[str], None] | None = None
+        # Ranks run in the model's own process only (ModelProcess), never on a thread.
+        self.ranks = 1
 
     # ---- construction -----------------------------------------------------------
 
@@ -265,6 +270,10 @@ class ModelHost:
     @property
     def session(self) -> Session | None:
         return self._session
+
+    def rank_processes(self) -> list[RankProcess]:
+        """None on a thread of this process: ranks need the model's own process."""
+        return []
 
     def _current_context(self) -> SessionContext | None:
         session = self._session
@@ -436,11 +445,19 @@ class ModelHost:
             session.id,
             "".join(traceback.format_exception(exc)),
         )
+        await self._disconnect(session, EndReason.ERROR, f"{where} raised {type(exc).__name__}: {exc}")
         failure = rank_failure_in(exc)
         if failure is not None:
             # The runner stopped its ranks: this load cannot serve another session.
-            (self._shares or self).broken = f"{type(failure).__name__}: {failure}"
-        await self._disconnect(session, EndReason.ERROR, f"{where} raised {type(exc).__name__}: {exc}")
+            # (After the session's end is sent: the process that hosts this model
+            # may exit as soon as it hears.)
+            (self._shares or self).mark_broken(f"{type(failure).__name__}: {failure}")
+
+    def mark_broken(self, why: str) -> None:
+        """This loaded model can serve no more sessions (see `broken`)."""
+        self.broken = why
+        if self.on_broken is not None:
+            self.on_broken(why)
 
     def _schedule_fail(self, session: Session, where: str, exc: BaseException) -> None:
         # From inside a task that _disconnect would cancel: end the session from a task

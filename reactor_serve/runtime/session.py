@@ -33,6 +33,7 @@ from reactor_serve.runtime.stepping import StepGate, StepOutcome
 if TYPE_CHECKING:
     from reactor_serve.interface.context import SessionContext
     from reactor_serve.runtime.loading.model_spec import ModelSpec
+    from reactor_serve.runtime.ranks.rank_census import RankProcess
 
 __all__ = ["EndReason", "SeatedHost", "Session", "SessionHost", "SessionSink"]
 
@@ -139,6 +140,13 @@ class SeatedHost(SessionHost, Protocol):
 
     def shutdown(self, timeout: float = 15.0) -> None:
         """End every live session, stop the model."""
+
+    @property
+    def ranks(self) -> int:
+        """The rank processes the model's runner starts (runtime/ranks)."""
+
+    def rank_processes(self) -> list[RankProcess]:
+        """Those running now, by rank."""
 
 
 class Session:

@@ -56,7 +56,9 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
         placement = resolve_gpus(entry.gpus_per_replica, cluster)
         log.info("model %r: %g GPU(s) per replica (%s)", name, placement.gpus, placement.reason)
         seats = entry.seats(manifest.config)
-        options = model_deployment_options(entry, name, gpus=placement.gpus, seats=seats)
+        ranks = entry.rank_count(manifest.config)
+        options = model_deployment_options(entry, name, gpus=placement.gpus, seats=seats,
+                                           ranks=ranks)
         deployment = serve.deployment(ModelReplica).options(**options)
         path = _replica_path(path, shipped, index=index)
         handles[name] = deployment.bind(
@@ -69,6 +71,7 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
             uploads=entry.upload_settings(manifest.config).model_dump(mode="json"),
             usage_database=access.store.database.url_with_password if access else None,
             seats=seats,
+            ranks=ranks,
         )
         # Only what names the model: its settings travel with its own deployment.
         # (Serve still restarts every deployment when the app's args change; the

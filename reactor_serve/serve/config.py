@@ -13,6 +13,7 @@ application builder, which validates them into `AppArgs`::
               min_replicas: 1
               max_replicas: 4
               warm_spares: 1
+              ranks: 1                     # GPUs (a process each) one replica spans
           ice_servers:
             - urls: ["turn:turn.example.com:3478"]
               username: user
@@ -43,6 +44,7 @@ from pydantic import (
 )
 
 from reactor_serve.rtc.settings import IceServer, WebRTCSettings
+from reactor_serve.runtime.ranks.rank_count import MAX_RANKS, rank_count
 from reactor_serve.runtime.seats import MAX_SEATS, seat_count
 from reactor_serve.serve.policy import POLICY_IMPORT_PATH
 from reactor_serve.serve.seat_router import SEAT_ROUTER_IMPORT_PATH
@@ -97,6 +99,10 @@ class ModelEntry(BaseModel):
     # Sessions one replica serves at once on its one loaded model (runtime/seats.py);
     # None: the model config's `sessions_per_replica`, else 1.
     sessions_per_replica: int | None = Field(default=None, ge=1, le=MAX_SEATS)
+    # Rank processes, a GPU each, one replica's model spans (runtime/ranks); None: the
+    # model config's `ranks`, else 1. The replica asks for this many times
+    # gpus_per_replica, all on one node.
+    ranks: int | None = Field(default=None, ge=1, le=MAX_RANKS)
     # The longest session; also how long a scale-down waits for a busy replica.
     max_session_s: float = Field(default=3600.0, gt=0)
     # The data-channel watchdog: a session with no inbound message this long ends.
@@ -196,6 +202,11 @@ class ModelEntry(BaseModel):
         config's, else 1 (a bad config value raises ValueError naming it)."""
         return seat_count(model_config, self.name or self.path, self.sessions_per_replica)
 
+    def rank_count(self, model_config: Mapping[str, Any] | None = None) -> int:
+        """Ranks per replica: this entry's `ranks`, else the model config's, else 1
+        (a bad config value raises ValueError naming it)."""
+        return rank_count(model_config, self.name or self.path, self.ranks)
+
     def resolved_path(self, base: Path) -> Path:
         """The model directory, a relative `path` taken relative to `base`."""
         return _resolve(self.path, base)
@@ -279,12 +290,14 @@ class AppArgs(BaseModel):
 
 
 def model_deployment_options(
-    entry: ModelEntry, name: str, *, gpus: float, seats: int = 1
+    entry: ModelEntry, name: str, *, gpus: float, seats: int = 1, ranks: int = 1
 ) -> dict[str, Any]:
     """`Deployment.options(...)` kwargs for one model; `gpus` is what
     `gpu_placement.resolve_gpus` resolved the entry's `gpus_per_replica` to, `seats`
-    what `entry.seats` resolved its sessions per replica to."""
+    what `entry.seats` resolved its sessions per replica to, `ranks` what
+    `entry.rank_count` resolved its ranks to (each rank gets `gpus`)."""
     initial = min(entry.max_replicas, max(entry.min_replicas, entry.warm_spares))
+    gpus = gpus * ranks
     actor_options: dict[str, Any] = {"num_gpus": gpus, "num_cpus": entry.cpus_per_replica}
     if entry.accelerator_type is not None:
         if gpus <= 0:
@@ -326,6 +339,14 @@ def model_deployment_options(
             },
         },
     }
+    if ranks > 1:
+        # One bundle holding every rank's GPU: the ranks of a replica share a node
+        # (their process group meets on its loopback), and the replica's actor, which
+        # starts them, takes the bundle.
+        options["placement_group_bundles"] = [
+            {"CPU": entry.cpus_per_replica, **({"GPU": gpus} if gpus > 0 else {})}
+        ]
+        options["placement_group_strategy"] = "STRICT_PACK"
     if seats > 1:
         # Fill the seats of busy replicas first: spares stay idle for the next burst,
         # and a replica the policy lets go is one whose seats are all free.

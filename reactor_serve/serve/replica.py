@@ -70,6 +70,7 @@ class ModelReplica:
         uploads: dict[str, Any] | None = None,
         usage_database: str | None = None,
         seats: int = 1,
+        ranks: int = 1,
     ) -> None:
         self.model_name = model_name
         self._identity = _replica_identity()
@@ -77,7 +78,8 @@ class ModelReplica:
         # thread of the replica, for debugging): a crash there ends the live session
         # and restarts the model, and the replica stays up. That process is no Ray
         # worker, so it is told where it runs.
-        self.host = hosted_model(model_dir, env=_model_process_env(self._identity), seats=seats)
+        self.host = hosted_model(model_dir, env=_model_process_env(self._identity), seats=seats,
+                                 ranks=ranks)
         # A failing load raises here: Serve reports the replica's constructor error
         # (with the model's traceback) and admits no session.
         self.host.start()
@@ -110,6 +112,7 @@ class ModelReplica:
                 "admission_timeout_s": admission_timeout_s,
                 "max_replicas": _deployment_max_replicas(),
                 "sessions_per_replica": len(self.host.seats),
+                "ranks": self.host.ranks,
             })
 
     def check_health(self) -> None:
@@ -340,6 +343,8 @@ class ModelReplica:
             "model": self.model_name,
             "sessions_started": self.sessions_started,
             "healthy": self.host.healthy,
+            "ranks": {str(r.rank): {"pid": r.pid, "activity": r.activity}
+                      for r in self.host.rank_processes()},
         }
 
     def _require_directory(self) -> SessionDirectory:

@@ -376,6 +376,13 @@ class SeatedSessionBackend:
             "seats": len(self._seats),
             "model": self.spec.name,
         }
+        if self._host.ranks > 1:
+            # What each rank process is doing (a failed rank restarts them all).
+            report["ranks"] = {
+                "expected": self._host.ranks,
+                "running": {str(r.rank): {"pid": r.pid, "activity": r.activity}
+                            for r in self._host.rank_processes()},
+            }
         if self._host.load_error is not None:
             report["load_error"] = str(self._host.load_error)
         return report

@@ -61,6 +61,7 @@ from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.runtime.loading.model_spec import ModelSpec, inspect_model
 from reactor_serve.runtime.pacing.frames import audio_chunk, video_batch
 from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
+from reactor_serve.runtime.ranks.rank_census import RankProcess, ranks_under
 from reactor_serve.runtime.ranks.rank_count import RANKS_ENV, rank_count
 from reactor_serve.runtime.seats import seat_count
 from reactor_serve.runtime.session import EndReason, Session, SessionHost, SessionSink
@@ -238,6 +239,11 @@ class ModelProcess:
         supervisor = self._supervisor
         return supervisor.pid if supervisor is not None else None
 
+    def rank_processes(self) -> list[RankProcess]:
+        """The model's rank processes running now (runtime/ranks), by rank."""
+        pid = self.pid
+        return ranks_under(pid) if pid is not None and self.ranks > 1 else []
+
     @property
     def _child(self) -> _Child | None:
         supervisor = self._supervisor
@@ -357,6 +363,14 @@ class ModelProcess:
         if not child.channel.send("open", session.id, stepped, seat):
             answer.set_result(("error", "the model process is gone"))
         outcome, detail = await asyncio.wrap_future(answer)
+        if outcome == "restarting":
+            # Its model broke (its ranks failed) and the process is exiting: the
+            # session waits for the next one, as for a process that died.
+            self._forget(session)
+            deadline = time.monotonic() + self.OPEN_WAIT_S
+            while not child.dead and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return None
         if outcome == "busy":
             self._forget(session)
             raise SessionBusy(detail)

@@ -101,6 +101,8 @@ class _Worker:
                 # Each batch's size and time, for the replica's metrics.
                 self.host.on_batch = lambda size, seconds: self.channel.send(
                     "batched", size, seconds)
+            # Broken ranks (runtime/ranks): out at once, for a new process and ranks.
+            self.host.on_broken = self._broken
             started = time.monotonic()
             self.host.start(
                 on_loaded=lambda: self.channel.send("loaded", round(time.monotonic() - started, 3))
@@ -127,13 +129,16 @@ class _Worker:
                     log.error("the media process is gone: the model process exits")
                     self.done.set()
                 elif self.host is not None and not self.host.healthy:
-                    # sys.exit() or KeyboardInterrupt in model code ends its loop, a
-                    # failed rank stops all of a model's ranks; a new process is the
-                    # way back, and the media process starts one.
-                    why = self.host.broken or "the model's thread has ended"
-                    log.error("%s: the model process exits", why)
+                    # sys.exit() or KeyboardInterrupt in model code ends its loop; a
+                    # new process is the way back, and the media process starts one.
+                    log.error("the model's thread has ended: the model process exits")
                     self.failed = True
                     self.done.set()
+
+    def _broken(self, why: str) -> None:
+        log.error("%s: the model process exits", why)
+        self.failed = True
+        self.done.set()
 
     def _shutdown(self) -> None:
         host = self.host
@@ -197,6 +202,10 @@ class _Worker:
 
     async def _open(self, session_id: str, stepped: bool = False, seat: int = 0) -> None:
         assert self.host is not None
+        if self.host.broken is not None:
+            # On its way out: the media process waits for the next process instead.
+            self.channel.send("open_failed", session_id, "restarting", self.host.broken)
+            return
         sink = _ForwardingSink(self, session_id)
         try:
             host = self.host.seats[seat]

@@ -45,6 +45,7 @@ from reactor_serve.runtime.isolation.process_channel import (
 )
 from reactor_serve.runtime.loading.manifest import model_dir_of
 from reactor_serve.runtime.ranks.errors import RankDesync, WorkerCrashed, WorkerTimeout
+from reactor_serve.runtime.ranks.rank_census import RANK_MODULE, activity
 from reactor_serve.runtime.ranks.rank_count import ranks_from_environment
 from reactor_serve.runtime.ranks.rank_setup import RankSetup
 from reactor_serve.runtime.ranks.verdict import RankAnswer, verdict
@@ -245,7 +246,7 @@ class DistributedRunner:
             if remaining <= 0:
                 # What each silent rank was doing says which one hangs: the others
                 # usually sleep in a collective, waiting for it.
-                names = ", ".join(f"{rank.rank} ({_activity(rank.process.pid)})" for rank in waiting)
+                names = ", ".join(f"{rank.rank} ({activity(rank.process.pid)})" for rank in waiting)
                 raise WorkerTimeout(
                     f"{what}: no answer within {timeout:g} s from rank {names}; "
                     f"{len(answers)} of {len(self._ranks)} answered; every rank was stopped"
@@ -315,7 +316,7 @@ class DistributedRunner:
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
             ours, theirs = channel_pair()
             command = [
-                sys.executable, "-m", "reactor_serve.runtime.ranks.rank_process",
+                sys.executable, "-m", RANK_MODULE,
                 "--channel-fd", str(theirs.fileno()), "--parent-pid", str(os.getpid()),
                 "--rank", str(rank), "--world-size", str(self._world_size),
             ]
@@ -400,20 +401,6 @@ def _where_defined(worker_cls: type) -> tuple[str, str, str | None, str | None]:
                             "imports the worker class, so define it in a file")
         return module, qualname, None, os.path.abspath(path)
     return module, qualname, None, None
-
-
-_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O",
-           "T": "stopped by a signal", "t": "stopped by a debugger", "Z": "exited"}
-
-
-def _activity(pid: int) -> str:
-    """What the kernel says a process is doing (Linux), for a person."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "state unknown"
-    return _STATES.get(state, f"state {state}")
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

@@ -11,6 +11,7 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from paths import EXAMPLES
 
@@ -98,16 +99,24 @@ async def test_a_multi_rank_model_streams_and_every_rank_sees_the_same_steps(
     logs.mkdir()
     run = reactor_run(painter_copy(tmp_path, rank_log_dir=str(logs)), "--ranks", str(ranks))
     pids = wait_for_ranks(run.process.pid, ranks)
+    health = httpx.get(f"{run.url}/health").json()
+    assert health["ranks"]["expected"] == ranks
+    assert {int(k): v["pid"] for k, v in health["ranks"]["running"].items()} == pids
     client = await connect(run.url)
     try:
         assert (await painted_frame(client)).std() > 5  # a picture, not a flat fill
         for hue in (0.5, 0.9):
             client.send_command("set_hue", {"hue": hue})
             await frames_until_hue_changes(client)
+        for _ in range(30):
+            await client.next_frame()
     finally:
         await client.close()
     # Each rank's own log: the same steps, in the same order, hue changes included.
-    steps = [(logs / f"rank-{rank}.log").read_text().splitlines() for rank in range(ranks)]
+    logged = [(logs / f"rank-{rank}.log").read_text().splitlines() for rank in range(ranks)]
+    assert [line.split()[:4] for line in (log[0] for log in logged)] == [
+        ["rank", str(rank), "of", str(ranks)] for rank in range(ranks)]
+    steps = [log[1:] for log in logged]
     shortest = min(len(s) for s in steps)
     assert shortest > 20
     assert all(s[:shortest] == steps[0][:shortest] for s in steps)
