@@ -36,6 +36,9 @@ class PainterShard(DistributedWorker):
     def load(self, width: int, height: int, hidden: int, log_dir: str = "") -> None:
         if hidden % self.world_size:
             raise ValueError(f"hidden ({hidden}) must split evenly over {self.world_size} ranks")
+        if self.device == "cpu":
+            # Ranks on CPUs share the machine's cores: each takes its share.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
         generator = torch.Generator().manual_seed(0)
         first = torch.randn(FEATURES, hidden, generator=generator) * 1.5
         second = torch.randn(hidden, 3, generator=generator) / math.sqrt(hidden)

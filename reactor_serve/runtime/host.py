@@ -445,19 +445,16 @@ class ModelHost:
             session.id,
             "".join(traceback.format_exception(exc)),
         )
-        await self._disconnect(session, EndReason.ERROR, f"{where} raised {type(exc).__name__}: {exc}")
         failure = rank_failure_in(exc)
+        owner = self._shares or self
         if failure is not None:
-            # The runner stopped its ranks: this load cannot serve another session.
-            # (After the session's end is sent: the process that hosts this model
-            # may exit as soon as it hears.)
-            (self._shares or self).mark_broken(f"{type(failure).__name__}: {failure}")
-
-    def mark_broken(self, why: str) -> None:
-        """This loaded model can serve no more sessions (see `broken`)."""
-        self.broken = why
-        if self.on_broken is not None:
-            self.on_broken(why)
+            # The runner stopped its ranks: this load cannot serve another session,
+            # from now on (a session opening while this one ends is refused)...
+            owner.broken = f"{type(failure).__name__}: {failure}"
+        await self._disconnect(session, EndReason.ERROR, f"{where} raised {type(exc).__name__}: {exc}")
+        if owner.broken is not None and owner.on_broken is not None:
+            # ...and once the session's end is sent, the process hosting it may go.
+            owner.on_broken(owner.broken)
 
     def _schedule_fail(self, session: Session, where: str, exc: BaseException) -> None:
         # From inside a task that _disconnect would cancel: end the session from a task

@@ -296,3 +296,49 @@ def test_a_bad_sessions_per_replica_names_the_field(value) -> None:
     with pytest.raises(ValidationError) as error:
         ModelEntry(path="m", sessions_per_replica=value)
     assert "sessions_per_replica" in str(error.value)
+
+
+# ---- ranks ------------------------------------------------------------------------------
+
+
+def test_ranks_multiply_the_gpus_and_pack_them_in_one_bundle() -> None:
+    entry = ModelEntry(path="m", cpus_per_replica=2.0)
+    one = model_deployment_options(entry, "m", gpus=1.0, ranks=1)
+    assert one["ray_actor_options"]["num_gpus"] == 1.0 and "placement_group_bundles" not in one
+    three = model_deployment_options(entry, "m", gpus=1.0, ranks=3)
+    assert three["ray_actor_options"]["num_gpus"] == 3.0
+    # One bundle: every GPU of a replica on one node, the replica's actor in it.
+    assert three["placement_group_bundles"] == [{"CPU": 2.0, "GPU": 3.0}]
+    assert three["placement_group_strategy"] == "STRICT_PACK"
+    # On CPUs, ranks reserve no GPU.
+    cpu = model_deployment_options(entry, "m", gpus=0.0, ranks=2)
+    assert cpu["placement_group_bundles"] == [{"CPU": 2.0}]
+
+
+def test_ray_accepts_the_options_of_a_model_with_ranks() -> None:
+    from ray import serve
+
+    class Model:
+        pass
+
+    opts = model_deployment_options(ModelEntry(path="m"), "m", gpus=1.0, ranks=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        deployment = serve.deployment(Model).options(**opts)
+    assert deployment._replica_config.placement_group_bundles == [{"CPU": 1.0, "GPU": 2.0}]
+    assert deployment._replica_config.placement_group_strategy == "STRICT_PACK"
+
+
+def test_the_entrys_ranks_win_over_the_model_configs() -> None:
+    assert ModelEntry(path="m").rank_count({"ranks": 3}) == 3
+    assert ModelEntry(path="m", ranks=2).rank_count({"ranks": 3}) == 2
+    assert ModelEntry(path="m").rank_count(None) == 1
+    with pytest.raises(ValueError, match="ranks: expected a whole number"):
+        ModelEntry(path="m").rank_count({"ranks": True})
+
+
+@pytest.mark.parametrize("value", [0, 17, "x", 1.5])
+def test_a_bad_ranks_names_the_field(value) -> None:
+    with pytest.raises(ValidationError) as error:
+        ModelEntry(path="m", ranks=value)
+    assert "ranks" in str(error.value)

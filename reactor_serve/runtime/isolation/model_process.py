@@ -242,7 +242,7 @@ class ModelProcess:
     def rank_processes(self) -> list[RankProcess]:
         """The model's rank processes running now (runtime/ranks), by rank."""
         pid = self.pid
-        return ranks_under(pid) if pid is not None and self.ranks > 1 else []
+        return ranks_under(pid) if pid is not None else []
 
     @property
     def _child(self) -> _Child | None:

@@ -301,7 +301,8 @@ async def test_serve_config_yaml_serves_every_example(ray_serve):
         async with httpx.AsyncClient() as http:
             listing = (await http.get(f"{url}/models")).json()["models"]
         names = [m["name"] for m in listing]
-        assert set(names) == {"gradient", "webcam-style", "audio-tone", "legacy-blocks", "world"}
+        assert set(names) == {"gradient", "webcam-style", "audio-tone", "legacy-blocks", "world",
+                              "split-painter"}
         camera = np.full((96, 128, 3), 120, np.uint8)
         for name in names:
             client = await connect(f"{url}/models/{name}", inputs={"camera": camera})
