@@ -14,7 +14,13 @@ import torch
 import torch.distributed as dist
 
 from reactor_runtime.distributed import DistributedRunner, DistributedWorker
-from reactor_runtime.interface import InputField, InputState, Output, ReactorPipeline, Video
+from reactor_runtime.interface import (
+    InputField,
+    InputState,
+    Output,
+    ReactorPipeline,
+    Video,
+)
 
 FEATURES = 16  # per pixel: its position at a few frequencies, and the time
 

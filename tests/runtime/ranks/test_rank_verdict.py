@@ -10,7 +10,11 @@ from reactor_serve.runtime.ranks.errors import (
     WorkerTimeout,
     rank_failure_in,
 )
-from reactor_serve.runtime.ranks.rank_count import RANKS_ENV, rank_count, ranks_from_environment
+from reactor_serve.runtime.ranks.rank_count import (
+    RANKS_ENV,
+    rank_count,
+    ranks_from_environment,
+)
 from reactor_serve.runtime.ranks.verdict import RankAnswer, verdict
 
 
