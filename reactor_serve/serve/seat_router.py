@@ -7,7 +7,8 @@ so none is ever idle for the autoscaling policy to let go, and warm spares get u
 by sessions that had a seat elsewhere. This router packs instead: it offers Serve the
 replicas fullest first, so a session takes a free seat on a busy replica before an
 idle one, idle replicas stay whole for the next burst, and a scale-down finds
-replicas whose seats are all free.
+replicas whose seats are all free. Among equally full replicas the oldest comes first,
+since Serve stops the newest first: sessions settle on the replicas that stay.
 
 Serve calls `choose_replicas` for each waiting session; each rank it returns is tried
 in order (its queue length read from Serve's cache, or probed), and a full replica is
@@ -30,22 +31,49 @@ __all__ = ["SEAT_ROUTER_IMPORT_PATH", "SeatPackingRouter", "packing_order"]
 SEAT_ROUTER_IMPORT_PATH = "reactor_serve.serve.seat_router:SeatPackingRouter"
 
 
-def packing_order(seats_used: dict[str, int | None], seats: dict[str, int]) -> list[str]:
+def packing_order(
+    seats_used: dict[str, int | None], seats: dict[str, int],
+    seen: dict[str, int] | None = None,
+) -> list[str]:
     """Replica ids, the fullest with a free seat first, then the idle (or unknown)
-    ones, then the full ones (tried last: Serve's figure may be stale). Ties keep
-    the given order."""
+    ones, then the full ones (tried last: Serve's figure may be stale). Among equally
+    full ones, the longest known first (`seen`: when each was first seen, smaller is
+    older): Serve stops the newest replicas first when it scales down, so the newest
+    are the ones to keep idle. Other ties keep the given order."""
+    seen = seen or {}
 
-    def key(replica: str) -> tuple[int, int]:
+    def key(replica: str) -> tuple[int, int, int]:
         used = seats_used.get(replica) or 0
+        age = seen.get(replica, 0)
         if used >= seats[replica]:
-            return (2, 0)
-        return (0, -used) if used > 0 else (1, 0)
+            return (2, 0, age)
+        return (0, -used, age) if used > 0 else (1, 0, age)
 
     return sorted(seats_used, key=key)
 
 
 class SeatPackingRouter(FIFOMixin, RequestRouter):
-    """Offers the replicas with a free seat, fullest first, one rank each."""
+    """Offers the replicas with a free seat, fullest first, then oldest first, one
+    rank each."""
+
+    def initialize_state(self, **kwargs: object) -> None:
+        # Replica id -> when this router first saw it: the order replicas came up in
+        # (those already running when it started, in the order Serve listed them).
+        self._first_seen: dict[str, int] = {}
+        self._seen_count = 0
+
+    def _ages(self, replica_ids: list[str]) -> dict[str, int]:
+        if not hasattr(self, "_first_seen"):
+            self.initialize_state()
+        for rid in replica_ids:
+            if rid not in self._first_seen:
+                self._first_seen[rid] = self._seen_count
+                self._seen_count += 1
+        if len(self._first_seen) > 4 * len(replica_ids) + 16:
+            # Replicas long gone: forget them (the live ones keep their places).
+            live = set(replica_ids)
+            self._first_seen = {r: n for r, n in self._first_seen.items() if r in live}
+        return self._first_seen
 
     async def choose_replicas(
         self,
@@ -58,4 +86,5 @@ class SeatPackingRouter(FIFOMixin, RequestRouter):
         by_id = {str(r.replica_id): r for r in candidate_replicas}
         used = {rid: cache.get(r.replica_id) for rid, r in by_id.items()}
         seats = {rid: r.max_ongoing_requests for rid, r in by_id.items()}
-        return [[by_id[rid]] for rid in packing_order(used, seats)]
+        seen = self._ages(list(by_id))
+        return [[by_id[rid]] for rid in packing_order(used, seats, seen)]
