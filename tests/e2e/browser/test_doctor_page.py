@@ -75,6 +75,21 @@ def test_the_player_links_to_the_check_and_the_token_guards_it(reactor_run, page
     page.click("text=Connection check")
     page.wait_for_url(f"{run.url}/t/s3cret/doctor")
     page.wait_for_selector("body[data-state=done]", timeout=DONE_MS)
-    # Under the token prefix the page's requests carry the token too.
-    assert page.locator("#path-direct").get_attribute("data-status") == "ok"
+    # Under the token prefix the page's requests carry the token too: without it the
+    # check could not even start a session ("could not run", in #error).
+    assert page.inner_text("#error") == ""
+    direct = page.locator("#path-direct")
+    first = (direct.get_attribute("data-status"),
+             direct.locator("[data-cell=reason]").inner_text())
+    if first[0] != "ok":
+        # This test is about the link and the token; the direct path's own pass is the
+        # first test's. A check run beside a loaded CI machine's other tests may miss
+        # its 10 s media window once: the page's "again" runs it anew, as a user would.
+        page.evaluate("window.connectionCheck = null")  # set again when the run ends
+        page.click("#again")
+        page.wait_for_function(
+            "window.connectionCheck !== null && document.body.dataset.state === 'done'",
+            timeout=DONE_MS)
+    assert direct.get_attribute("data-status") == "ok", (
+        first, direct.locator("[data-cell=reason]").inner_text())
     assert page.inner_text("#error") == ""
