@@ -272,7 +272,7 @@ class ModelHost:
         return self._session
 
     def rank_processes(self) -> list[RankProcess]:
-        """None on a thread of this process: ranks need the model's own process."""
+        """Always empty: ranks need the model's own process, not a thread of this one."""
         return []
 
     def _current_context(self) -> SessionContext | None:
