@@ -208,6 +208,18 @@ def test_initial_replicas_are_the_warm_spares(lo: int, hi: int, spares: int, ini
     assert auto["initial_replicas"] == initial
 
 
+def _ray_deployment(opts: dict):
+    """A Serve deployment made with `opts`: Ray's own check of them."""
+    from ray import serve
+
+    class Model:
+        pass
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # metrics_interval_s, as above
+        return serve.deployment(Model).options(**opts)
+
+
 def _ray_autoscaling_config(opts: dict):
     from ray.serve.config import AutoscalingConfig
 
@@ -269,15 +281,8 @@ def test_seats_set_the_replicas_session_limit_the_policy_and_the_packing_router(
 
 
 def test_ray_accepts_the_options_of_a_model_with_seats() -> None:
-    from ray import serve
-
-    class Model:
-        pass
-
     opts = model_deployment_options(ModelEntry(path="m"), "m", gpus=0.0, seats=3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        deployment = serve.deployment(Model).options(**opts)
+    deployment = _ray_deployment(opts)
     assert deployment.max_ongoing_requests == 3
     config = deployment._deployment_config.request_router_config
     assert config.request_router_class.endswith("SeatPackingRouter")
@@ -316,15 +321,8 @@ def test_ranks_multiply_the_gpus_and_pack_them_in_one_bundle() -> None:
 
 
 def test_ray_accepts_the_options_of_a_model_with_ranks() -> None:
-    from ray import serve
-
-    class Model:
-        pass
-
     opts = model_deployment_options(ModelEntry(path="m"), "m", gpus=1.0, ranks=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        deployment = serve.deployment(Model).options(**opts)
+    deployment = _ray_deployment(opts)
     assert deployment._replica_config.placement_group_bundles == [{"CPU": 1.0, "GPU": 2.0}]
     assert deployment._replica_config.placement_group_strategy == "STRICT_PACK"
 

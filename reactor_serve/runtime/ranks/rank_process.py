@@ -163,12 +163,10 @@ def _import_worker(setup: RankSetup) -> type:
 
 def _device() -> str:
     """This rank's device: its one visible GPU, else the CPU."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        try:
-            import torch  # noqa: F811 (imported only when the worker has not)
-        except ImportError:
-            return "cpu"
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
     return "cuda:0" if torch.cuda.is_available() else "cpu"
 
 

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, Callable
 
 from reactor_serve.runtime.isolation.child_environment import child_environment
 from reactor_serve.runtime.isolation.child_supervisor import describe_exit
@@ -67,12 +67,10 @@ def visible_gpus() -> list[str]:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [d.strip() for d in listed.split(",") if d.strip() and d.strip() != "-1"]
-    torch = sys.modules.get("torch")
-    if torch is None:
-        try:
-            import torch  # noqa: F811 (imported only when the caller has not)
-        except ImportError:
-            return []
+    try:
+        import torch
+    except ImportError:
+        return []
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
@@ -163,9 +161,9 @@ class DistributedRunner:
         return list(self._pids)
 
     def start(self) -> None:
-        """Start every rank and wait until each has loaded. Raises a rank's own `load()`
-        error (rank 0's first), WorkerCrashed or WorkerTimeout; nothing is left running
-        after a failed start."""
+        """Start every rank and wait until each has loaded. Raises the first rank's own
+        `load()` error to arrive, WorkerCrashed or WorkerTimeout; nothing is left
+        running after a failed start."""
         with self._lock:
             if self._started:
                 raise RuntimeError("a DistributedRunner starts once: make a new one to start again")
@@ -237,11 +235,20 @@ class DistributedRunner:
         self._stop(kill=True)
 
     def _gather(self, call: int, what: str, timeout: float) -> list[RankAnswer]:
-        """Every rank's answer to `call`, watching the processes while waiting."""
-        answers: dict[int, RankAnswer] = {}
+        """Every rank's answer to `call`."""
+        answers = self._one_each(what, timeout, lambda m: m[0] == "answer" and m[1] == call)
+        return [message[2] for message in answers.values()]
+
+    def _one_each(
+        self, what: str, timeout: float, wanted: Callable[[tuple[Any, ...]], bool]
+    ) -> dict[int, tuple[Any, ...]]:
+        """From each rank, by rank, the first message `wanted` accepts, watching the
+        processes while waiting. Raises a rank's `load()` error as it came, WorkerCrashed
+        for a rank that died, WorkerTimeout naming each silent rank."""
+        got: dict[int, tuple[Any, ...]] = {}
         deadline = time.monotonic() + timeout
-        while len(answers) < len(self._ranks):
-            waiting = [rank for rank in self._ranks if rank.rank not in answers]
+        while len(got) < len(self._ranks):
+            waiting = [rank for rank in self._ranks if rank.rank not in got]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 # What each silent rank was doing says which one hangs: the others
@@ -249,7 +256,7 @@ class DistributedRunner:
                 names = ", ".join(f"{rank.rank} ({activity(rank.process.pid)})" for rank in waiting)
                 raise WorkerTimeout(
                     f"{what}: no answer within {timeout:g} s from rank {names}; "
-                    f"{len(answers)} of {len(self._ranks)} answered; every rank was stopped"
+                    f"{len(got)} of {len(self._ranks)} answered; every rank was stopped"
                 )
             ready = wait(waiting, min(remaining, LIVENESS_POLL_S))
             for rank in ready:
@@ -258,15 +265,17 @@ class DistributedRunner:
                     message = rank.channel.receive(self._reader)
                 except ChannelClosed:
                     raise self._crashed(rank, what) from None
-                if message[0] == "answer" and message[1] == call:
-                    answers[rank.rank] = message[2]
-                elif message[0] == "load_failed":
+                if message[0] == "load_failed":
+                    # Its peers may wait for it in the group's rendezvous: no point
+                    # waiting for them.
                     raise message[2]
+                if wanted(message):
+                    got[rank.rank] = message
             if not ready:
                 for rank in waiting:
                     if rank.process.poll() is not None and not rank.channel.poll(0):
                         raise self._crashed(rank, what)
-        return list(answers.values())
+        return got
 
     def _crashed(self, rank: _RankProcess, what: str) -> WorkerCrashed:
         try:
@@ -330,33 +339,7 @@ class DistributedRunner:
             ours.send("setup", setup)
 
     def _await_loaded(self) -> None:
-        loaded: set[int] = set()
-        failures: dict[int, BaseException] = {}
-        deadline = time.monotonic() + self._start_timeout
-        while len(loaded) + len(failures) < len(self._ranks):
-            waiting = [r for r in self._ranks if r.rank not in loaded and r.rank not in failures]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise WorkerTimeout(
-                    f"start: rank {', '.join(str(r.rank) for r in waiting)} did not load within "
-                    f"{self._start_timeout:g} s"
-                )
-            ready = wait(waiting, min(remaining, LIVENESS_POLL_S))
-            for rank in ready:
-                assert isinstance(rank, _RankProcess)
-                try:
-                    message = rank.channel.receive(self._reader)
-                except ChannelClosed:
-                    raise self._crashed(rank, "start") from None
-                if message[0] == "loaded":
-                    loaded.add(rank.rank)
-                elif message[0] == "load_failed":
-                    failures[rank.rank] = message[2]
-                    # Its peers may wait for it in the group's rendezvous: no point
-                    # waiting for them.
-                    break
-            if failures:
-                raise failures[min(failures)]
+        self._one_each("start", self._start_timeout, lambda message: message[0] == "loaded")
 
     def _stop(self, kill: bool) -> None:
         self._stopped = True
