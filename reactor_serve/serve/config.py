@@ -347,10 +347,10 @@ def model_deployment_options(
             {"CPU": entry.cpus_per_replica, **({"GPU": gpus} if gpus > 0 else {})}
         ]
         options["placement_group_strategy"] = "STRICT_PACK"
-    if seats > 1:
-        # Fill the seats of busy replicas first: spares stay idle for the next burst,
-        # and a replica the policy lets go is one whose seats are all free.
-        options["request_router_config"] = {"request_router_class": SEAT_ROUTER_IMPORT_PATH}
+    # Sessions take the oldest replica's free seats first, one seat or many: the
+    # newest replicas, the ones Serve stops first, are left idle for the policy to let
+    # go, and spares stay whole for the next burst.
+    options["request_router_config"] = {"request_router_class": SEAT_ROUTER_IMPORT_PATH}
     return options
 
 

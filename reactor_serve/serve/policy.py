@@ -8,6 +8,14 @@ number of session calls, live or waiting in Serve's queue, and the target is::
 Warm spares exist because a cold replica loads its model for minutes while a user
 waits; keeping `warm_spares` idle replicas lets the next user start at once.
 
+A scale-down never drains a busy replica on purpose. Serve chooses which replicas to
+stop, the newest first (ray/serve/_private/deployment_scheduler.py,
+`_get_replicas_to_stop`), so the policy lowers the count only by as many replicas as
+are idle at the young end of `running_replicas` (Serve's own order, oldest first).
+Each replica reports its seats in use as the custom metric `seats_used`
+(`ModelReplica.record_autoscaling_stats`), and Serve hands the policy the largest value
+of each replica's look-back window. A replica that has not reported yet counts as busy.
+
 How Ray Serve 2.60 runs a custom policy (ray/serve/_private/autoscaling_state.py,
 ray/serve/autoscaling_policy.py):
 
@@ -37,7 +45,9 @@ if TYPE_CHECKING:  # only for annotations: the controller never needs the import
 
 __all__ = [
     "POLICY_IMPORT_PATH",
+    "SEATS_USED_METRIC",
     "SessionAutoscalingPolicy",
+    "replicas_to_keep",
     "session_autoscaling_policy",
     "target_replicas",
 ]
@@ -45,6 +55,9 @@ __all__ = [
 # What `autoscaling_config.policy.policy_function` names (a class, so that Serve
 # passes `policy_kwargs` to it).
 POLICY_IMPORT_PATH = "reactor_serve.serve.policy:SessionAutoscalingPolicy"
+
+# The custom autoscaling metric each replica reports: its seats holding a session.
+SEATS_USED_METRIC = "seats_used"
 
 # Float noise in averaged metrics (e.g. 2.0000000001 sessions) must not buy a replica.
 _EPSILON = 1e-6
@@ -77,11 +90,29 @@ def target_replicas(
     return max(0, min(max_replicas, max(min_replicas, target)))
 
 
+def replicas_to_keep(running: list[Any], seats_used: dict[Any, float] | None) -> int:
+    """How few of the `running` replicas (oldest first) Serve may be asked to keep
+    without stopping one that holds a session: all but the idle ones at the young end.
+
+    With no reports at all (custom metrics off or failing) nothing is held back, so
+    the seat count alone decides, as it would without this rule."""
+    if not seats_used:
+        return 0
+    keep = len(running)
+    for replica in reversed(running):
+        used = seats_used.get(replica)
+        # Unknown (not reported yet) or NaN counts as busy.
+        if used is None or not used <= _EPSILON:
+            break
+        keep -= 1
+    return keep
+
+
 def _decide(ctx: AutoscalingContext, *, slots_per_replica: int, warm_spares: int) -> int:
     # total_num_requests counts running + queued session calls (at handles and
     # replicas), aggregated over look_back_period_s with the aggregation_function.
     sessions = float(ctx.total_num_requests or 0.0)
-    return target_replicas(
+    target = target_replicas(
         sessions,
         slots_per_replica=slots_per_replica,
         warm_spares=warm_spares,
@@ -89,6 +120,12 @@ def _decide(ctx: AutoscalingContext, *, slots_per_replica: int, warm_spares: int
         min_replicas=ctx.capacity_adjusted_min_replicas,
         max_replicas=ctx.capacity_adjusted_max_replicas,
     )
+    if target >= ctx.current_num_replicas:
+        return target
+    metrics = ctx.aggregated_metrics or {}
+    keep = replicas_to_keep(list(ctx.running_replicas or []), metrics.get(SEATS_USED_METRIC))
+    # The max bound still wins: an operator who lowers it means it.
+    return min(max(target, keep), ctx.capacity_adjusted_max_replicas)
 
 
 def _state(ctx: AutoscalingContext, target: int) -> dict[str, Any]:

@@ -7,10 +7,12 @@ with `sessions_per_replica: N` has N seats here, all on the one loaded model.
 
 A session's seat is one long streaming call, `session({"session_id"})`, issued by the
 ingress replica that admitted it: with `max_ongoing_requests: N` each call holds one of
-the replica's N seats, waiting sessions queue in Serve (which offers them the fullest
+the replica's N seats, waiting sessions queue in Serve (which offers them the oldest
 replica with a free seat first, serve/seat_router.py), and Serve's graceful shutdown
-drains a busy replica instead of cutting its users. The call yields once (placed, or
-rejected) and returns when the session ends. Nothing else flows through it: if the
+drains a busy replica instead of cutting its users. The replica reports its seats in
+use to the autoscaling policy (`record_autoscaling_stats`), which lets only idle
+replicas go. The call yields once (placed, or rejected) and returns when the session
+ends. Nothing else flows through it: if the
 ingress replica that issued it dies, the call, and the session, go on (Serve does not
 cancel a replica's streaming call when its caller dies; verified on Ray 2.60).
 
@@ -37,6 +39,7 @@ from reactor_serve.runtime.isolation.model_process import hosted_model
 from reactor_serve.runtime.session import EndReason
 from reactor_serve.runtime.startup_heap import freeze_startup_heap
 from reactor_serve.serve import metrics
+from reactor_serve.serve.policy import SEATS_USED_METRIC
 from reactor_serve.serve.session_directory import SessionDirectory
 from reactor_serve.sessions.contract import AnswerPending, ClientIdentity, SessionState
 from reactor_serve.sessions.seated_sessions import SeatedSessionBackend
@@ -95,6 +98,10 @@ class ModelReplica:
             self.sessions.upload_settings = UploadSettings.model_validate(uploads)
         # With auth required: every state change of its sessions, in the usage ledger.
         self.sessions_started = 0
+        # Session calls in progress, from arrival to return: the seats in use, counted
+        # from before the session exists, so the policy never sees a just-routed
+        # session's replica as idle.
+        self._seat_calls = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._metrics = metrics.ReplicaMetrics(model_name, seats=len(self.host.seats))
         # With auth required: every state change of its sessions, in the usage ledger,
@@ -126,9 +133,28 @@ class ModelReplica:
 
     # ---- the slot ---------------------------------------------------------------
 
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metric hook: the seats in use, for the policy.
+        Async, so it reads the count on the loop that changes it."""
+        return {SEATS_USED_METRIC: float(self._seat_calls)}
+
     async def session(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Take the session `request["session_id"]`: open it with its latest offer,
         yield `placed` (or `rejected`), and hold the slot until it ends."""
+        self._seat_calls += 1
+        replies = self._session(request)
+        try:
+            async for reply in replies:
+                yield reply
+        finally:
+            try:
+                # Closed here, not whenever the loop finalizes it: its own `finally`
+                # ends the session's record before this call returns.
+                await replies.aclose()
+            finally:
+                self._seat_calls -= 1
+
+    async def _session(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         self._loop = asyncio.get_running_loop()
         session_id = str(request["session_id"])
         started = time.monotonic()

@@ -4,11 +4,13 @@ A replica with `sessions_per_replica: N` takes N session calls at once
 (`max_ongoing_requests: N`). Serve's default router picks the less busy of two random
 replicas, which spreads sessions thinly: every replica ends up with a session or two,
 so none is ever idle for the autoscaling policy to let go, and warm spares get used up
-by sessions that had a seat elsewhere. This router packs instead: it offers Serve the
-replicas fullest first, so a session takes a free seat on a busy replica before an
-idle one, idle replicas stay whole for the next burst, and a scale-down finds
-replicas whose seats are all free. Among equally full replicas the oldest comes first,
-since Serve stops the newest first: sessions settle on the replicas that stay.
+by sessions that had a seat elsewhere. This router packs instead, first fit in the
+order Serve keeps replicas in: a session takes a free seat on the oldest replica that
+has one. Serve stops the newest replicas first when it scales down, so the newest are
+the ones left idle, and a replica that is the newest while it holds sessions gets no
+more of them and empties as they end. The autoscaling policy (serve/policy.py) lets a
+replica go only once it is idle; together they mean a scale-down stops an idle
+replica rather than draining a busy one.
 
 Serve calls `choose_replicas` for each waiting session; each rank it returns is tried
 in order (its queue length read from Serve's cache, or probed), and a full replica is
@@ -35,26 +37,24 @@ def packing_order(
     seats_used: dict[str, int | None], seats: dict[str, int],
     seen: dict[str, int] | None = None,
 ) -> list[str]:
-    """Replica ids, the fullest with a free seat first, then the idle (or unknown)
-    ones, then the full ones (tried last: Serve's figure may be stale). Among equally
-    full ones, the longest known first (`seen`: when each was first seen, smaller is
-    older): Serve stops the newest replicas first when it scales down, so the newest
-    are the ones to keep idle. Other ties keep the given order."""
+    """Replica ids, those with a free seat (or an unknown count) oldest first, then
+    the full ones (tried last: Serve's figure may be stale). `seen` says when each was
+    first seen, smaller being older; other ties keep the given order.
+
+    First fit by age rather than fullest first: the fullest replica may be the newest,
+    the one Serve stops first, and sessions sent there would keep it busy while an
+    older replica idles."""
     seen = seen or {}
 
-    def key(replica: str) -> tuple[int, int, int]:
-        used = seats_used.get(replica) or 0
-        age = seen.get(replica, 0)
-        if used >= seats[replica]:
-            return (2, 0, age)
-        return (0, -used, age) if used > 0 else (1, 0, age)
+    def key(replica: str) -> tuple[int, int]:
+        full = (seats_used.get(replica) or 0) >= seats[replica]
+        return (int(full), seen.get(replica, 0))
 
     return sorted(seats_used, key=key)
 
 
 class SeatPackingRouter(FIFOMixin, RequestRouter):
-    """Offers the replicas with a free seat, fullest first, then oldest first, one
-    rank each."""
+    """Offers the replicas with a free seat, oldest first, one rank each."""
 
     def initialize_state(self, **kwargs: object) -> None:
         # Replica id -> when this router first saw it: the order replicas came up in

@@ -5,28 +5,31 @@ from __future__ import annotations
 from reactor_serve.serve.seat_router import SeatPackingRouter, packing_order
 
 
-def test_the_fullest_replica_with_a_free_seat_comes_first_then_idle_then_full() -> None:
+def test_the_oldest_replica_with_a_free_seat_comes_first_then_the_full_ones() -> None:
     seats = {name: 4 for name in "abcde"}
     used = {"a": 0, "b": 3, "c": 4, "d": 1, "e": None}
-    assert packing_order(used, seats) == ["b", "d", "a", "e", "c"]
+    seen = {"a": 0, "b": 1, "c": 2, "d": 3, "e": 4}
+    # Not the fullest first: "b" is fuller than "a", but "a" is older.
+    assert packing_order(used, seats, seen) == ["a", "b", "d", "e", "c"]
 
 
-def test_equally_full_replicas_keep_their_order() -> None:
+def test_a_busy_newest_replica_gets_no_session_while_an_older_one_has_a_seat() -> None:
+    # Serve stops the newest first: sending sessions to a busy young replica would
+    # keep it busy while the old one idles, and the policy could then stop neither.
+    seats = {"old": 2, "new": 2}
+    assert packing_order({"old": 0, "new": 1}, seats, {"old": 0, "new": 1}) == ["old", "new"]
+    assert packing_order({"new": 1, "old": 0}, seats, {"old": 0, "new": 1}) == ["old", "new"]
+
+
+def test_replicas_of_one_age_keep_their_order() -> None:
     seats = {"x": 2, "y": 2, "z": 2}
-    assert packing_order({"x": 1, "y": 1, "z": 0}, seats) == ["x", "y", "z"]
+    assert packing_order({"x": 1, "y": 0, "z": 1}, seats) == ["x", "y", "z"]
     assert packing_order({"y": 1, "x": 1, "z": 0}, seats) == ["y", "x", "z"]
 
 
 def test_a_replica_at_its_seats_is_tried_last_since_the_count_may_be_stale() -> None:
-    assert packing_order({"full": 2, "idle": 0}, {"full": 2, "idle": 2}) == ["idle", "full"]
-
-
-def test_among_equally_full_replicas_the_longest_known_comes_first() -> None:
-    # Serve stops the newest replicas first: sessions go to the old ones.
-    seats = {name: 2 for name in ("new", "old", "mid", "busy_new", "busy_old")}
-    used = {"new": 0, "old": 0, "mid": 0, "busy_new": 1, "busy_old": 1}
-    seen = {"old": 0, "busy_old": 1, "mid": 2, "busy_new": 3, "new": 4}
-    assert packing_order(used, seats, seen) == ["busy_old", "busy_new", "old", "mid", "new"]
+    assert packing_order({"full": 2, "idle": 0}, {"full": 2, "idle": 2},
+                         {"full": 0, "idle": 1}) == ["idle", "full"]
 
 
 async def test_the_router_remembers_the_order_it_first_saw_replicas_in() -> None:

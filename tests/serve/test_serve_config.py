@@ -17,6 +17,7 @@ from reactor_serve.serve.config import (
     ModelEntry,
     model_deployment_options,
 )
+from reactor_serve.serve.seat_router import SEAT_ROUTER_IMPORT_PATH
 
 
 def _problems(data: dict, **kwargs) -> str:
@@ -270,7 +271,9 @@ def test_ray_accepts_the_deployment_options() -> None:
 def test_seats_set_the_replicas_session_limit_the_policy_and_the_packing_router() -> None:
     entry = ModelEntry(path="m", warm_spares=2)
     one = model_deployment_options(entry, "m", gpus=1.0, seats=1)
-    assert one["max_ongoing_requests"] == 1 and "request_router_config" not in one
+    assert one["max_ongoing_requests"] == 1
+    # One seat or many, sessions go to the oldest replica with a free seat.
+    assert one["request_router_config"]["request_router_class"] == SEAT_ROUTER_IMPORT_PATH
     four = model_deployment_options(entry, "m", gpus=1.0, seats=4)
     assert four["max_ongoing_requests"] == 4
     assert four["autoscaling_config"]["policy"]["policy_kwargs"] == {

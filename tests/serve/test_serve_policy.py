@@ -11,7 +11,9 @@ from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingP
 from reactor_serve.serve.config import ModelEntry, model_deployment_options
 from reactor_serve.serve.policy import (
     POLICY_IMPORT_PATH,
+    SEATS_USED_METRIC,
     SessionAutoscalingPolicy,
+    replicas_to_keep,
     session_autoscaling_policy,
     target_replicas,
 )
@@ -97,6 +99,8 @@ def _context(
     hi: int = 4,
     config=None,
     state=None,
+    running=(),
+    seats_used=None,
 ):
     from ray.serve._private.common import DeploymentID
 
@@ -106,10 +110,10 @@ def _context(
         app_name="reactor",
         current_num_replicas=current,
         target_num_replicas=target,
-        running_replicas=[],
+        running_replicas=list(running),
         total_num_requests=total,
         total_queued_requests=queued,
-        aggregated_metrics={},
+        aggregated_metrics={} if seats_used is None else {SEATS_USED_METRIC: seats_used},
         raw_metrics={},
         capacity_adjusted_min_replicas=lo,
         capacity_adjusted_max_replicas=hi,
@@ -143,6 +147,39 @@ def test_policy_uses_capacity_adjusted_bounds() -> None:
     policy = SessionAutoscalingPolicy(warm_spares=2)
     assert policy(_context(0, lo=3, hi=8))[0] == 3
     assert policy(_context(9, lo=0, hi=5))[0] == 5
+
+
+def test_replicas_to_keep_counts_only_the_idle_at_the_young_end() -> None:
+    # Serve stops the newest first: only idle ones there may go.
+    assert replicas_to_keep(["a", "b", "c"], {"a": 2, "b": 0, "c": 0}) == 1
+    assert replicas_to_keep(["a", "b", "c"], {"a": 0, "b": 0, "c": 1}) == 3
+    assert replicas_to_keep(["a", "b", "c"], {"a": 0, "b": 1, "c": 0}) == 2
+    assert replicas_to_keep(["a", "b"], {"a": 0, "b": 0}) == 0
+    # Not reported yet, or NaN: busy.
+    assert replicas_to_keep(["a", "b"], {"a": 0}) == 2
+    assert replicas_to_keep(["a", "b"], {"a": 0, "b": float("nan")}) == 2
+    # No reports at all: nothing held back.
+    assert replicas_to_keep(["a", "b"], {}) == 0
+    assert replicas_to_keep(["a", "b"], None) == 0
+
+
+def test_a_scale_down_waits_for_the_newest_replica_to_be_idle() -> None:
+    policy = SessionAutoscalingPolicy(warm_spares=0, slots_per_replica=2)
+    # One session left, on the newest replica: the seat count says 1, but Serve would
+    # stop the newest (busy) one, so the policy holds both.
+    held = _context(1, current=2, lo=1, hi=4, running=["old", "new"],
+                    seats_used={"old": 0.0, "new": 1.0})
+    assert policy(held)[0] == 2
+    # Once its session moved on (or ended) and the newest is idle, one goes.
+    freed = _context(1, current=2, lo=1, hi=4, running=["old", "new"],
+                     seats_used={"old": 1.0, "new": 0.0})
+    assert policy(freed)[0] == 1
+    # Scaling up is never held back.
+    assert policy(_context(5, current=2, lo=1, hi=4, running=["old", "new"],
+                           seats_used={"old": 2.0, "new": 2.0}))[0] == 3
+    # The operator's max still wins over a busy replica.
+    assert policy(_context(4, current=3, lo=1, hi=2, running=["a", "b", "c"],
+                           seats_used={"a": 2.0, "b": 1.0, "c": 1.0}))[0] == 2
 
 
 def test_function_form_reads_kwargs_from_config() -> None:

@@ -1,11 +1,13 @@
 """Seats on a real local Ray Serve: a replica serves `sessions_per_replica` sessions
-on its one loaded model, Serve fills a busy replica's seats before an idle one's, and a
-crash of the model process ends every session on it, each told why."""
+on its one loaded model, Serve fills the oldest replica's seats first, a scale-down
+stops only an idle replica, and a crash of the model process ends every session on
+it, each told why."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import time
 
 import httpx
 import pytest
@@ -80,6 +82,85 @@ async def test_seats_fill_a_busy_replica_first_and_each_session_is_its_own(ray_s
         for client in clients:
             await client.close()
         ray_serve.delete("seats")
+
+
+def replica_states(app: str) -> dict[str, int]:
+    from ray import serve
+
+    return dict(serve.status().applications[app].deployments["model-stamped"].replica_states)
+
+
+async def held(predicate, seconds: float, what: str) -> None:
+    """`predicate` stays true for `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert predicate(), f"{what} stopped holding"
+        await asyncio.sleep(0.25)
+
+
+async def eventually(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"no {what} within {seconds} s"
+        await asyncio.sleep(0.25)
+
+
+async def replica_of(model_url: str, client) -> str:
+    async with httpx.AsyncClient(timeout=10) as http:
+        listed = (await http.get(f"{model_url}/sessions", headers=OPERATOR)).json()["sessions"]
+    # Operators see the first four characters of an id.
+    [entry] = [e for e in listed if e["session"] == client.session_id[:4] + "…"]
+    return entry["replica"]
+
+
+async def test_a_scale_down_waits_for_the_newest_replica_to_empty_and_new_sessions_go_to_the_oldest(
+    ray_serve,
+):
+    # Serve stops the newest replica first. With the oldest idle and the newest holding
+    # a session, the seat count alone would stop the newest and drain a busy replica;
+    # the policy holds both, the router sends the next session to the oldest, and the
+    # newest goes once its session ends.
+    url = ray_serve.deploy("seats-down", {"operator_token": "op", "models": [
+        {"path": "tests/models/viewer/stamped", "min_replicas": 1, "max_replicas": 2,
+         "warm_spares": 0, "sessions_per_replica": 2, "downscale_delay_s": 1,
+         "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}}]})
+    model = f"{url}/models/stamped"
+    running = lambda: replica_states("seats-down").get("RUNNING", 0)  # noqa: E731
+    clients = []
+    try:
+        await eventually(lambda: running() == 1, 60, "one replica")
+        for tint in (30, 90, 160):
+            client = await connect(model, timeout=90)
+            clients.append(client)
+            client.send_command("set_tint", {"tint": tint})
+            await shows_tint(client, tint, timeout=60)
+        old, new = (await replica_of(model, clients[0]), await replica_of(model, clients[2]))
+        assert await replica_of(model, clients[1]) == old
+        assert old != new and running() == 2
+        # The old replica's two sessions leave; the new one's stays.
+        for client in clients[:2]:
+            await client.close()
+        # Well past the downscale delay and the metrics' look-back: nothing stops.
+        await held(lambda: replica_states("seats-down") == {"RUNNING": 2}, 8.0,
+                   "two running replicas, none stopping")
+        await shows_tint(clients[2], 160)
+        # A new session takes the old replica's seat, though the new one is fuller.
+        fourth = await connect(model)
+        clients.append(fourth)
+        fourth.send_command("set_tint", {"tint": 220})
+        await shows_tint(fourth, 220)
+        assert await replica_of(model, fourth) == old
+        # The new replica's session ends: now it is idle, and it goes.
+        await clients[2].close()
+        await eventually(lambda: replica_states("seats-down") == {"RUNNING": 1}, 60,
+                         "a scale-down to one replica")
+        await shows_tint(fourth, 220)
+        assert await replica_of(model, fourth) == old
+        assert await placements(model) == [old]
+    finally:
+        for client in clients:
+            await client.close()
+        ray_serve.delete("seats-down")
 
 
 async def test_a_crash_ends_every_session_of_the_replica_and_it_serves_again(ray_serve):
