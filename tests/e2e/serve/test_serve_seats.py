@@ -1,7 +1,8 @@
 """Seats on a real local Ray Serve: a replica serves `sessions_per_replica` sessions
-on its one loaded model, Serve fills the oldest replica's seats first, a scale-down
-stops only an idle replica, and a crash of the model process ends every session on
-it, each told why."""
+on its one loaded model, two sessions on one replica never see each other's input
+frames, commands or messages, Serve fills the oldest replica's seats first, a
+scale-down stops only an idle replica, and a crash of the model process ends every
+session on it, each told why."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import importlib.util
 import time
 
 import httpx
+import numpy as np
 import pytest
 from paths import TEST_MODELS
 
@@ -82,6 +84,73 @@ async def test_seats_fill_a_busy_replica_first_and_each_session_is_its_own(ray_s
         for client in clients:
             await client.close()
         ray_serve.delete("seats")
+
+
+RED, BLUE = (200, 40, 40), (40, 40, 200)
+
+
+def colour_of(image) -> tuple[int, int, int]:
+    return tuple(int(round(c)) for c in image.reshape(-1, 3).mean(axis=0))
+
+
+def near(colour, expected, tolerance: int = 30) -> bool:
+    return all(abs(a - b) <= tolerance for a, b in zip(colour, expected))
+
+
+async def frames_show(client, expected, count: int, timeout: float = 30.0) -> None:
+    """The next frame of `expected` colour comes within `timeout`, and so do the
+    `count` after it, every one of them that colour."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not near(colour_of((await client.next_frame(timeout=timeout)).image), expected):
+        assert loop.time() < deadline, f"no frame of {expected} within {timeout} s"
+    for _ in range(count):
+        colour = colour_of((await client.next_frame()).image)
+        assert near(colour, expected), f"a frame of {colour} among frames of {expected}"
+
+
+async def test_two_seats_of_one_replica_never_see_each_others_frames_or_hostile_commands(ray_serve):
+    # The reference video-to-video model, unchanged, with two seats on one replica.
+    url = ray_serve.deploy("seats-apart", {"operator_token": "op", "models": [
+        {"path": "tests/models/reference/v2v", "min_replicas": 1, "max_replicas": 1,
+         "warm_spares": 0, "sessions_per_replica": 2, "cpus_per_replica": 0.5,
+         "webrtc": {"loopback_candidates": True}}]})
+    model = f"{url}/models/v2v"
+    red = np.full((96, 128, 3), RED, np.uint8)
+    blue = np.full((96, 128, 3), BLUE, np.uint8)
+    attacker = bystander = None
+    try:
+        attacker = await connect(model, inputs={"camera": red}, timeout=90)
+        bystander = await connect(model, inputs={"camera": blue}, timeout=90)
+        first, second = await placements(model)
+        assert first == second, "both sessions must share the one replica"
+        # Each sees its own camera only, frame after frame.
+        await frames_show(attacker, RED, 30)
+        await frames_show(bystander, BLUE, 30)
+        marker = len(bystander.peer.messages)
+        for name, data in [
+            ("set_style", {"style": "NaN"}), ("set_style", {"style": 10 ** 40}),
+            ("set_style", {"style": None}), ("no_such_command", {}),
+            ("set_style", {"style": [[[[[[1]]]]]]}), ("set_style", {"style": "\ud800"}),
+        ]:
+            attacker.send_command(name, data)
+        attacker.peer.send_raw("{not json")
+        attacker.peer.send_raw(b"\x00\xff" * 100)
+        # A valid command too: "sketch" inverts the attacker's picture, not the other's.
+        attacker.send_command("set_style", {"style": "sketch"})
+        await frames_show(attacker, tuple(255 - c for c in RED), 20)
+        errors = [m for m in attacker.peer.messages
+                  if m.get("data", {}).get("type") == "commandError"]
+        assert len(errors) >= 5, errors
+        await frames_show(bystander, BLUE, 30)
+        seen = [m.get("data", {}).get("type") for m in bystander.peer.messages[marker:]]
+        assert "commandError" not in seen, seen
+        assert attacker.state == bystander.state == "streaming"
+    finally:
+        for client in (attacker, bystander):
+            if client is not None:
+                await client.close()
+        ray_serve.delete("seats-apart")
 
 
 def replica_states(app: str) -> dict[str, int]:
