@@ -57,11 +57,7 @@ from reactor_serve.runtime.pacing.output_buffer import (
 from reactor_serve.runtime.pacing.output_splitter import OutputSplitter
 from reactor_serve.runtime.ranks.errors import rank_failure_in
 from reactor_serve.runtime.ranks.rank_census import RankProcess
-from reactor_serve.runtime.seats import (
-    intra_op_threads,
-    seat_count,
-    use_intra_op_threads,
-)
+from reactor_serve.runtime.seats import TorchThreadSettings, seat_count
 from reactor_serve.runtime.session import EndReason, Session, SessionSink
 from reactor_serve.runtime.shared_state import SharedState
 from reactor_serve.runtime.startup_heap import freeze_startup_heap
@@ -128,8 +124,8 @@ class ModelHost:
                       output=seat_outputs[index] if seat_outputs else None)
             for index in range(count - 1)
         ]
-        # torch's CPU thread count on the loading thread after load() (runtime/seats.py).
-        self.intra_op_threads: int | None = None
+        # torch's per-thread settings on the loading thread after load() (runtime/seats.py).
+        self.torch_settings = TorchThreadSettings()
         # What `load()` made, watched for in-place changes while seats share it.
         self.shared_state: SharedState | None = None
         self._shared_checked = 0.0
@@ -216,7 +212,7 @@ class ModelHost:
             self.batch_scheduler = BatchScheduler(
                 self.model, self.spec.batch, fps=self.spec.fps, name=self.spec.name,
                 on_batch=self._batched,
-                on_start=lambda: use_intra_op_threads(self.intra_op_threads))
+                on_start=self.torch_settings.apply)
         if self._others:
             assert self.model is not None
             # A @batched model's step runs for every session on the loaded model, so
@@ -286,13 +282,13 @@ class ModelHost:
             if self._shares is not None:
                 model = self._shares.seat_model()
                 self._bind(model)
-                use_intra_op_threads(self._shares.intra_op_threads)
+                self._shares.torch_settings.apply()
             else:
                 model = driver.create(self.config)
                 self._bind(model)
                 await driver.load(model, self.config)
-                # What load() left torch's CPU threads at, for the seats' threads too.
-                self.intra_op_threads = intra_op_threads()
+                # What load() left torch's thread settings at, for the seats' too.
+                self.torch_settings = TorchThreadSettings.of_this_thread()
         except Exception as exc:
             text = traceback.format_exc()
             log.error("model %s failed to load:\n%s", self.spec.name, text)

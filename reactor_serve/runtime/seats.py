@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from reactor_serve.runtime.loading.count_setting import count_setting
 
-__all__ = ["MAX_SEATS", "SEATS_KEY", "intra_op_threads", "seat_count", "use_intra_op_threads"]
+__all__ = ["MAX_SEATS", "SEATS_KEY", "TorchThreadSettings", "seat_count"]
 
 SEATS_KEY = "sessions_per_replica"
 # More seats than this on one model is a configuration mistake, not a plan: each is a
@@ -34,21 +35,39 @@ def seat_count(
     return count_setting(config, SEATS_KEY, model, seats, MAX_SEATS)
 
 
-# torch's CPU thread count (`torch.set_num_threads`, OpenMP's) belongs to the thread
-# that sets it: a model that sets it in `load()` sets it for its loading thread only,
-# and every other thread that runs its forward passes (another seat's model thread,
-# the batch scheduler's) would start with one thread per core, and spin them.
+@dataclass(frozen=True)
+class TorchThreadSettings:
+    """What torch keeps per thread that a model's `load()` may have set, carried from
+    the loading thread to every other thread that runs the model's steps (another
+    seat's model thread, the batch scheduler's).
 
+    - `intra_op_threads`: torch's CPU thread count (`torch.set_num_threads`,
+      OpenMP's) belongs to the thread that sets it. Without it, every other thread
+      would start with one thread per core, and spin them.
+    - `cuda_device`: the current CUDA device is per thread too. A thread that never
+      set one runs its first cuBLAS call with no current context, and CUDA warns
+      ("no current CUDA context") before making the primary context current.
+    """
 
-def intra_op_threads() -> int | None:
-    """The calling thread's torch CPU thread count, if torch is loaded."""
-    torch = sys.modules.get("torch")
-    return int(torch.get_num_threads()) if torch is not None else None
+    intra_op_threads: int | None = None
+    cuda_device: int | None = None
 
+    @classmethod
+    def of_this_thread(cls) -> TorchThreadSettings:
+        """The calling thread's settings; none without torch, and no device unless
+        CUDA was initialised (asking would initialise it)."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return cls()
+        cuda = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+        return cls(intra_op_threads=int(torch.get_num_threads()), cuda_device=cuda)
 
-def use_intra_op_threads(count: int | None) -> None:
-    """Give the calling thread the torch CPU thread count `count` (from the thread
-    that loaded the model); nothing without torch or a count."""
-    torch = sys.modules.get("torch")
-    if torch is not None and count is not None and torch.get_num_threads() != count:
-        torch.set_num_threads(count)
+    def apply(self) -> None:
+        """Give the calling thread these settings (what is None is left alone)."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
+        if self.intra_op_threads is not None and torch.get_num_threads() != self.intra_op_threads:
+            torch.set_num_threads(self.intra_op_threads)
+        if self.cuda_device is not None:
+            torch.cuda.set_device(self.cuda_device)

@@ -4,6 +4,7 @@ in a model process of its own."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -280,3 +281,42 @@ async def test_every_seat_runs_with_the_torch_threads_load_set(host_of):
     async with LocalClient(host.seats[1]) as client:
         await client.next_frame()
         assert host.seats[1].model.threads == 1
+
+
+def test_torch_thread_settings_carry_from_one_thread_to_another():
+    torch = pytest.importorskip("torch")
+    import threading
+
+    from reactor_serve.runtime.seats import TorchThreadSettings
+
+    if torch.get_num_threads() == 1:
+        pytest.skip("this machine's torch starts with one thread: nothing to tell apart")
+    seen: dict[str, object] = {}
+    loaded = threading.Event()
+
+    def seat() -> None:
+        # A thread already running when load() changed the setting, as a seat's is.
+        seen["before"] = torch.get_num_threads()
+        loaded.wait(10)
+        seen["unchanged"] = torch.get_num_threads()
+        seen["settings"].apply()
+        seen["after"] = torch.get_num_threads()
+
+    def loader() -> None:
+        torch.set_num_threads(1)
+        seen["settings"] = TorchThreadSettings.of_this_thread()
+        loaded.set()
+
+    threads = [threading.Thread(target=seat), threading.Thread(target=loader)]
+    threads[0].start()
+    while "before" not in seen:
+        time.sleep(0.01)
+    threads[1].start()
+    for thread in threads:
+        thread.join()
+    assert seen["before"] == seen["unchanged"] > 1
+    assert seen["after"] == 1
+    # Reading the settings never initialises CUDA (on a machine without it, or before
+    # the model used it, there is no device to carry).
+    assert seen["settings"].cuda_device is None
+    assert not torch.cuda.is_initialized()
