@@ -76,6 +76,10 @@ async def test_each_rank_gets_a_gpu_of_the_replica_and_a_killed_rank_restarts_th
         again = await connect(model, timeout=90)
         try:
             await painted_frame(again)
+            # Ten more frames, each a step every rank ran: enough steps to compare,
+            # however slowly a loaded machine made the first ones.
+            for _ in range(10):
+                await painted_frame(again)
         finally:
             await again.close()
         fresh = [int(log[0].split()[5]) for log in rank_logs(logs, ranks)]
