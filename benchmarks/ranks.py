@@ -15,6 +15,10 @@ in its own model process with R rank processes, watched by an in-process client
   interval_ms_std        the std of the intervals between new frames (judder)
   command_fanout_us_p50  the runner's own cost per call, no model compute: a call to R
                          ranks of a worker that returns at once, sent and gathered
+  input_fanout_ms_p50    the same for a call whose input is a 1280x720 RGB frame
+                         (`input_mb`), which reaches each rank through shared memory;
+                         `input_fanout_ms_p50_pickled` with shared memory off (the frame
+                         pickled into every rank's message), in the same run
   restart_s              from SIGKILL of the last rank in a live session to the first
                          frame of the next session, on fresh ranks (the model process's
                          restart, its load and every rank's included)
@@ -38,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,6 +55,8 @@ from reactor_serve.runtime.ranks.rank_census import ranks_under  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 PAINTER = ROOT / "examples" / "split_painter"
 FANOUT_CALLS = 2000
+INPUT_CALLS = 300
+INPUT_FRAME_SHAPE = (720, 1280, 3)
 
 
 class Immediate:
@@ -59,19 +66,20 @@ class Immediate:
         pass
 
     def generate(self, step):
-        return step
+        # Rank 0 answers with nothing large: only the way in is measured.
+        return len(step)
 
     def reset(self) -> None:
         pass
 
 
-def fanout_us_p50(ranks: int) -> float:
-    with DistributedRunner(Immediate, world_size=ranks) as runner:
-        step = {"t": 0.0, "hue": 0.0}  # what the painter's steps carry
-        for _ in range(200):
+def fanout_us_p50(ranks: int, step: dict, calls: int, **runner_options) -> float:
+    """The median time of one call of `step` to `ranks` ranks of `Immediate`."""
+    with DistributedRunner(Immediate, world_size=ranks, **runner_options) as runner:
+        for _ in range(min(200, calls)):
             runner.generate(step)
         times = []
-        for _ in range(FANOUT_CALLS):
+        for _ in range(calls):
             started = time.perf_counter()
             runner.generate(step)
             times.append(time.perf_counter() - started)
@@ -177,7 +185,16 @@ async def main() -> None:
                 if ranks == 1:
                     single = line["step_ms_p50"]
                 line["step_ms_p50_single"] = single
-                line["command_fanout_us_p50"] = round(fanout_us_p50(ranks), 1)
+                # What the painter's steps carry.
+                line["command_fanout_us_p50"] = round(
+                    fanout_us_p50(ranks, {"t": 0.0, "hue": 0.0}, FANOUT_CALLS), 1)
+                frame = {"frame": np.random.default_rng(0).integers(
+                    0, 255, INPUT_FRAME_SHAPE, dtype=np.uint8)}
+                line["input_mb"] = round(frame["frame"].nbytes / 1e6, 2)
+                line["input_fanout_ms_p50"] = round(
+                    fanout_us_p50(ranks, frame, INPUT_CALLS) / 1000, 3)
+                line["input_fanout_ms_p50_pickled"] = round(
+                    fanout_us_p50(ranks, frame, INPUT_CALLS, shared_memory_bytes=0) / 1000, 3)
                 line["device"] = args.device
                 print(json.dumps({"benchmark": "ranks", **line}), flush=True)
     finally:

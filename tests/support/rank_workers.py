@@ -54,3 +54,48 @@ class SummingWorker(DistributedWorker):
         with self.log.open("a") as log:
             log.write("reset\n")
         self.steps = 0
+
+
+def in_shared_slot(array) -> bool:
+    """Whether `array`'s memory lies in a rank's ring of shared input slots (a memfd
+    mapping named for it in /proc/self/maps), rather than in memory of its own."""
+    address = (array.data_ptr() if isinstance(array, torch.Tensor)
+               else array.__array_interface__["data"][0])
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *rest = line.split(maxsplit=5)
+        start, end = (int(part, 16) for part in span.split("-"))
+        if start <= address < end:
+            return len(rest) == 5 and "reactor-rank" in rest[4] and "inputs" in rest[4]
+    return False
+
+
+class ArrayWorker(DistributedWorker):
+    """Sums a large input on every rank (an all-reduce of the sums), says whether it
+    arrived in shared memory, and keeps it when asked to."""
+
+    def load(self, log_dir: str) -> None:
+        self.log = Path(log_dir) / f"rank-{self.rank}.log"
+        self.log.write_text(f"loaded {os.getpid()}\n")
+        self.kept: list = []
+
+    def generate(self, value):
+        frame = value["frame"]
+        shared = in_shared_slot(frame)
+        checksum = float(frame.double().sum()) if isinstance(frame, torch.Tensor) \
+            else float(frame.sum(dtype="float64"))
+        if value.get("keep"):
+            self.kept.append(frame)
+        if value.get("scribble"):
+            frame[...] = 0  # this rank's own view: no other rank sees it
+        with self.log.open("a") as log:
+            log.write(f"{type(frame).__name__} shared={shared} sum={checksum}\n")
+        total = torch.tensor([checksum], dtype=torch.float64)
+        if self.world_size > 1:
+            dist.all_reduce(total)
+        small = value.get("small")
+        return {"type": type(frame).__name__, "shared": shared, "total": total.item(),
+                "small_shared": None if small is None else in_shared_slot(small),
+                "kept": len(self.kept)}
+
+    def reset(self) -> None:
+        self.kept.clear()

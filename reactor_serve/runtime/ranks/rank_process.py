@@ -32,6 +32,7 @@ from reactor_serve.runtime.isolation.process_channel import (
 )
 from reactor_serve.runtime.loading.manifest import load_manifest
 from reactor_serve.runtime.ranks.rank_setup import RankSetup
+from reactor_serve.runtime.ranks.shared_inputs import restore_shared
 from reactor_serve.runtime.ranks.verdict import RankAnswer
 
 __all__ = ["main", "portable"]
@@ -64,7 +65,8 @@ class _Rank:
         self.world_size = world_size
         self.worker: Any = None
         self.grouped = False
-        self.reader = FrameReader()  # rings are never announced here; receive needs one
+        # Maps the rings of shared slots that large inputs arrive in.
+        self.reader = FrameReader()
 
     def run(self) -> int:
         try:
@@ -78,7 +80,8 @@ class _Rank:
                 message = self.channel.receive(self.reader)
                 op = message[0]
                 if op == "generate":
-                    self._answer(message[1], lambda: self.worker.generate(message[2]))
+                    self._answer(message[1], lambda: self.worker.generate(
+                        restore_shared(message[2], self.reader, self.worker.device)))
                 elif op == "reset":
                     self._answer(message[1], self.worker.reset)
                 elif op == "shutdown":

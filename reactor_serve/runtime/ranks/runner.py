@@ -44,10 +44,16 @@ from reactor_serve.runtime.isolation.process_channel import (
     channel_pair,
 )
 from reactor_serve.runtime.loading.manifest import model_dir_of
-from reactor_serve.runtime.ranks.errors import RankDesync, WorkerCrashed, WorkerTimeout
+from reactor_serve.runtime.ranks.errors import (
+    RankDesync,
+    SharedSlotAllocationFailed,
+    WorkerCrashed,
+    WorkerTimeout,
+)
 from reactor_serve.runtime.ranks.rank_census import RANK_MODULE, activity
 from reactor_serve.runtime.ranks.rank_count import ranks_from_environment
 from reactor_serve.runtime.ranks.rank_setup import RankSetup
+from reactor_serve.runtime.ranks.shared_inputs import InputSharing, has_shareable
 from reactor_serve.runtime.ranks.verdict import RankAnswer, verdict
 from reactor_serve.runtime.ranks.worker import check_worker_class
 
@@ -59,6 +65,9 @@ log = logging.getLogger("reactor_serve.runtime")
 LIVENESS_POLL_S = 0.2
 # How long a healthy rank gets to leave its group and exit before it is killed.
 SHUTDOWN_GRACE_S = 10.0
+# Shared memory per rank for the large arrays of calls' inputs (runtime/ranks/
+# shared_inputs.py): a few calls' worth of frames or latents.
+SHARED_MEMORY_BYTES = 1 << 30
 
 
 def visible_gpus() -> list[str]:
@@ -99,6 +108,9 @@ class DistributedRunner:
     hang; `start_timeout`: seconds `start()` waits for every rank to load.
     `init_process_group`: form the `torch.distributed` group when there is more than
     one rank (off: ranks that never talk to each other, and no torch needed).
+    `shared_memory_bytes`: how much shared memory each rank's inputs may hold at once;
+    arrays of a call's input larger than `SHARED_MIN_BYTES` reach the ranks through
+    it, not the socket (0: every input is pickled).
     """
 
     def __init__(
@@ -110,6 +122,7 @@ class DistributedRunner:
         call_timeout: float = 30.0,
         start_timeout: float = 3600.0,
         init_process_group: bool = True,
+        shared_memory_bytes: int = SHARED_MEMORY_BYTES,
     ) -> None:
         check_worker_class(worker_cls)
         if world_size is None:
@@ -119,6 +132,10 @@ class DistributedRunner:
         for name, value in (("call_timeout", call_timeout), ("start_timeout", start_timeout)):
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a number of seconds above 0, got {value!r}")
+        if (isinstance(shared_memory_bytes, bool) or not isinstance(shared_memory_bytes, int)
+                or shared_memory_bytes < 0):
+            raise ValueError("shared_memory_bytes must be a whole number of bytes, 0 or more, "
+                             f"got {shared_memory_bytes!r}")
         kwargs = dict(load_kwargs or {})
         try:
             ProcessChannel.encode(kwargs)
@@ -133,6 +150,8 @@ class DistributedRunner:
         self._call_timeout = float(call_timeout)
         self._start_timeout = float(start_timeout)
         self._init_process_group = init_process_group
+        self._shared_memory_bytes = shared_memory_bytes
+        self._sharing: InputSharing | None = None
         self._ranks: list[_RankProcess] = []
         self._pids: list[int] = []
         self._store: Any = None
@@ -170,6 +189,8 @@ class DistributedRunner:
             self._started = True
             try:
                 self._spawn()
+                if self._shared_memory_bytes > 0:
+                    self._sharing = InputSharing(self._world_size, self._shared_memory_bytes)
                 self._await_loaded()
             except BaseException:
                 self._stop(kill=True)
@@ -182,7 +203,9 @@ class DistributedRunner:
     def generate(self, input: Any, /) -> Any:
         """Run `generate(input)` on every rank; rank 0's result. Raises the worker's
         own error when every rank raised it (the group goes on), else RankDesync,
-        WorkerCrashed or WorkerTimeout (the group is stopped)."""
+        WorkerCrashed or WorkerTimeout (the group is stopped). Raises
+        SharedSlotAllocationFailed, before any rank sees the call, when the input's
+        large arrays find no shared memory (the group goes on)."""
         return self._call("generate", input).result
 
     def reset(self) -> None:
@@ -215,18 +238,42 @@ class DistributedRunner:
                 raise RuntimeError("this runner's ranks are stopped: make a new runner")
             call = next(self._calls)
             try:
-                data = ProcessChannel.encode(op, call, *args)
+                if self._sharing is not None and has_shareable(args):
+                    payloads = self._placed(op, call, args)
+                else:
+                    # Encoded once for every rank.
+                    payloads = [ProcessChannel.encode(op, call, *args)] * len(self._ranks)
+            except SharedSlotAllocationFailed as exc:
+                raise SharedSlotAllocationFailed(f"{op}: {exc}") from None
             except Exception as exc:
                 raise TypeError(f"{op}: the input cannot cross to the ranks: "
                                 f"{type(exc).__name__}: {exc}") from exc
-            for rank in self._ranks:
-                rank.channel.send_encoded(data)
+            for rank, payload in zip(self._ranks, payloads):
+                rank.channel.send_encoded(payload)
             try:
                 answers = self._gather(call, op, self._call_timeout)
                 return verdict(answers, op)
             except (WorkerCrashed, WorkerTimeout, RankDesync):
                 self._fail()
                 raise
+
+    def _placed(self, op: str, call: int, args: tuple[Any, ...]) -> list[bytes]:
+        """Per rank, the call with its large arrays in that rank's shared slots (the
+        rest is small, so encoding it per rank costs little)."""
+        assert self._sharing is not None
+        payloads: list[bytes] = []
+        placed = []
+        try:
+            for rank in self._ranks:
+                shared, written = self._sharing.place(rank.rank, rank.channel, args)
+                placed.append((rank.rank, written))
+                payloads.append(ProcessChannel.encode(op, call, *shared))
+        except BaseException:
+            # Not sent after all: the slots already written go back.
+            for rank_number, written in placed:
+                self._sharing.release(rank_number, written)
+            raise
+        return payloads
 
     def _fail(self) -> None:
         # Whatever went wrong, every surviving rank may be inside a collective that
@@ -364,6 +411,10 @@ class DistributedRunner:
                 log.error("rank %d (pid %d) survived SIGKILL", rank.rank, rank.process.pid)
             rank.channel.close()
         self._store = None
+        if self._sharing is not None:
+            # The ranks are gone, so no view of a slot is left.
+            self._sharing.close()
+            self._sharing = None
 
 
 def _where_defined(worker_cls: type) -> tuple[str, str, str | None, str | None]:
