@@ -21,6 +21,7 @@ group goes on.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -81,17 +82,40 @@ def _shareable(value: Any) -> bool:
     return False
 
 
-def has_shareable(value: Any, depth: int = 0) -> bool:
-    """Whether `value` holds an array worth sharing, within `MAX_DEPTH`."""
-    if _shareable(value):
-        return True
+def _rebuilt(value: Any, change: Callable[[Any], Any], depth: int = 0) -> Any:
+    """`value` with each leaf that `change` replaces (returns something other than
+    `_KEEP` for) replaced: the values inside dicts, lists and tuples, within
+    `MAX_DEPTH`. The one walk where arrays are looked for, on both sides."""
+    replaced = change(value)
+    if replaced is not _KEEP:
+        return replaced
     if depth >= MAX_DEPTH:
-        return False
-    if isinstance(value, dict):
-        return any(has_shareable(v, depth + 1) for v in value.values())
-    if type(value) in (list, tuple):
-        return any(has_shareable(v, depth + 1) for v in value)
-    return False
+        return value
+    if type(value) is dict:
+        return {k: _rebuilt(v, change, depth + 1) for k, v in value.items()}
+    if type(value) is list:
+        return [_rebuilt(v, change, depth + 1) for v in value]
+    if type(value) is tuple:
+        return tuple(_rebuilt(v, change, depth + 1) for v in value)
+    return value
+
+
+_KEEP = object()
+
+
+def has_shareable(value: Any) -> bool:
+    """Whether `value` holds an array worth sharing, within `MAX_DEPTH`."""
+    found = False
+
+    def look(leaf: Any) -> Any:
+        nonlocal found
+        if _shareable(leaf):
+            found = True
+            return leaf
+        return _KEEP
+
+    _rebuilt(value, look)
+    return found
 
 
 class InputSharing:
@@ -113,27 +137,19 @@ class InputSharing:
         """`value` with its large arrays in `rank`'s slots, and the slots written.
         Raises SharedSlotAllocationFailed (with what was written given back)."""
         written: list[SlotRef] = []
+
+        def share(leaf: Any) -> Any:
+            if not _shareable(leaf):
+                return _KEEP
+            shared = self._write(rank, channel, leaf)
+            written.append(shared.ref)
+            return shared
+
         try:
-            return self._place(rank, channel, value, written, 0), written
+            return _rebuilt(value, share), written
         except BaseException:
             self.release(rank, written)
             raise
-
-    def _place(self, rank: int, channel: ProcessChannel, value: Any,
-               written: list[SlotRef], depth: int) -> Any:
-        if _shareable(value):
-            shared = self._write(rank, channel, value)
-            written.append(shared.ref)
-            return shared
-        if depth >= MAX_DEPTH:
-            return value
-        if type(value) is dict:
-            return {k: self._place(rank, channel, v, written, depth + 1) for k, v in value.items()}
-        if type(value) is list:
-            return [self._place(rank, channel, v, written, depth + 1) for v in value]
-        if type(value) is tuple:
-            return tuple(self._place(rank, channel, v, written, depth + 1) for v in value)
-        return value
 
     def _write(self, rank: int, channel: ProcessChannel, array: Any) -> SharedArray:
         writer = self._writers[rank]
@@ -166,23 +182,19 @@ class InputSharing:
             writer.close()
 
 
-def restore_shared(value: Any, reader: FrameReader, device: str, depth: int = 0) -> Any:
+def restore_shared(value: Any, reader: FrameReader, device: str) -> Any:
     """The rank's side: `value` with each `SharedArray` replaced by a view of its slot
     (a torch tensor again where it was one, on this rank's device if it was on a GPU)."""
-    if isinstance(value, SharedArray):
-        view = reader.view(value.ref)
-        if value.torch_device is None:
+
+    def restore(leaf: Any) -> Any:
+        if not isinstance(leaf, SharedArray):
+            return _KEEP
+        view = reader.view(leaf.ref)
+        if leaf.torch_device is None:
             return view
         import torch
 
         tensor = torch.from_numpy(view)
-        return tensor if value.torch_device == "cpu" else tensor.to(device)
-    if depth >= MAX_DEPTH:
-        return value
-    if type(value) is dict:
-        return {k: restore_shared(v, reader, device, depth + 1) for k, v in value.items()}
-    if type(value) is list:
-        return [restore_shared(v, reader, device, depth + 1) for v in value]
-    if type(value) is tuple:
-        return tuple(restore_shared(v, reader, device, depth + 1) for v in value)
-    return value
+        return tensor if leaf.torch_device == "cpu" else tensor.to(device)
+
+    return _rebuilt(value, restore)
