@@ -325,7 +325,11 @@ export class ReactorSession extends EventTarget {
         this._lastInbound = performance.now();
         this._setState("connected", reconnected ? { reconnected: true } : {});
         this._send("runtime", "requestSchema", {});
-        this._pingTimer = setInterval(() => this._send("runtime", "ping", {}), PING_INTERVAL_MS);
+        // A channel that closes on its own (before the watchdog or a reconnect clears
+        // this timer) is not an error to throw from a timer: it just gets no ping.
+        this._pingTimer = setInterval(() => {
+          if (channel.readyState === "open") this._send("runtime", "ping", {});
+        }, PING_INTERVAL_MS);
         this._watchdog = setInterval(() => this._checkTransport(pc, channel, generation), WATCHDOG_MS);
         resolve();
       };
