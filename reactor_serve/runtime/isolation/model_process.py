@@ -298,6 +298,10 @@ class ModelProcess:
         with child.lock:
             opens, child.opens = child.opens, {}
             steps, child.steps = child.steps, {}
+        # A session still opening is not over: its open is answered with the error,
+        # and `_open_on` opens it again on the next process. Ending it here would
+        # tell its client it ended before it began.
+        opening = {session_id for session_id, future in opens.items() if not future.done()}
         for future in opens.values():
             if not future.done():
                 future.set_result(("error", why or "the model process stopped"))
@@ -307,7 +311,8 @@ class ModelProcess:
             if not step.done():
                 step.set_result(StepOutcome(StepFailure.SESSION_ENDED, why or "the model process stopped"))
         for session in list(self._sessions.values()):
-            self._abandon(session, EndReason.SHUTDOWN if why is None else EndReason.ERROR, why)
+            if session.id not in opening:
+                self._abandon(session, EndReason.SHUTDOWN if why is None else EndReason.ERROR, why)
         # Frames it made are views of its memory: drop them, and the mappings go
         # with the last view.
         for buffer in self.output_buffers:

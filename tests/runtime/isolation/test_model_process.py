@@ -21,6 +21,7 @@ from paths import ROOT, TEST_MODELS, TESTS
 
 from reactor_serve.runtime.host import ModelLoadError
 from reactor_serve.runtime.isolation.model_process import ModelProcess, hosted_model
+from reactor_serve.runtime.local_client import LocalClient
 
 MODELS = TEST_MODELS / "process"
 REFERENCE = TEST_MODELS / "reference"
@@ -119,6 +120,35 @@ def test_a_dying_model_process_ends_the_session_with_how_it_died_and_the_next_se
     asyncio.run(scenario())
     assert model.pid != first_pid and not _alive(first_pid)
     assert model.crashes == 1 and model.model_errors == 1
+
+
+def test_a_session_opening_while_the_model_process_dies_opens_on_the_next_one(
+    tmp_path, process_of
+):
+    # The process dies with the open sent and not yet answered (stopped, then killed):
+    # the session is opened again on the restarted process, and its client never
+    # hears that it ended.
+    model = process_of(_copy_model(tmp_path, "crashing"), RESTART_BACKOFF_S=(0.05,))
+    dying = model.pid
+
+    async def scenario():
+        os.kill(dying, signal.SIGSTOP)
+        client = LocalClient(model)
+        opening = asyncio.ensure_future(client.connect())
+        await asyncio.sleep(0.5)
+        assert not opening.done(), "a stopped process cannot have answered the open"
+        os.kill(dying, signal.SIGKILL)
+        await asyncio.wait_for(opening, 60)
+        try:
+            frame = await client.next_frame(timeout=30)
+            assert frame.image[0, 0, 0] == 7
+            assert client.end_reason is None
+            assert not [m for m in client.messages if m.get("data", {}).get("type") == "sessionEnded"]
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+    assert model.pid != dying and model.crashes == 1
 
 
 def test_an_exception_in_a_handler_ends_only_the_session(tmp_path, process_of):
