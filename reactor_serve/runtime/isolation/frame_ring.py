@@ -69,6 +69,7 @@ __all__ = [
     "SlotRef",
     "receive_announcement",
     "send_announcement",
+    "torch_numpy_dtype",
 ]
 
 _PAGE = mmap.PAGESIZE
@@ -139,7 +140,9 @@ def _new_generation() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
-def _torch_numpy_dtype(torch_dtype: Any) -> np.dtype:
+def torch_numpy_dtype(torch_dtype: Any) -> np.dtype:
+    """The numpy dtype a torch dtype is shared as; TypeError when it has none
+    (bfloat16, say)."""
     # torch names its numpy-compatible dtypes as numpy does ("torch.uint8"), so no
     # tensor (and no torch op) is needed to find the slot's dtype.
     name = str(torch_dtype).removeprefix("torch.")
@@ -167,7 +170,7 @@ def _frame_layout(frame: Any) -> tuple[tuple[int, ...], np.dtype, int]:
         return frame.shape, dtype, frame.nbytes
     if not _is_torch_tensor(frame):
         raise TypeError(f"expected a numpy array or a torch tensor, got {type(frame).__name__}")
-    dtype = _torch_numpy_dtype(frame.dtype)
+    dtype = torch_numpy_dtype(frame.dtype)
     shape = tuple(int(n) for n in frame.shape)
     return shape, dtype, math.prod(shape) * dtype.itemsize
 

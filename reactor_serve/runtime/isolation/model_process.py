@@ -301,9 +301,10 @@ class ModelProcess:
         # A session still opening is not over: its open is answered with the error,
         # and `_open_on` opens it again on the next process. Ending it here would
         # tell its client it ended before it began.
-        opening = {session_id for session_id, future in opens.items() if not future.done()}
-        for future in opens.values():
+        opening: set[str] = set()
+        for session_id, future in opens.items():
             if not future.done():
+                opening.add(session_id)
                 future.set_result(("error", why or "the model process stopped"))
         # The process's sessions all end with it (below), so a step under way is
         # answered as one whose session ended, saying how the process died.

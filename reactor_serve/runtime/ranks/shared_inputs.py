@@ -26,7 +26,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from reactor_serve.runtime.isolation.frame_ring import FrameReader, FrameWriter, SlotRef
+from reactor_serve.runtime.isolation.frame_ring import (
+    FrameReader,
+    FrameWriter,
+    SlotRef,
+    torch_numpy_dtype,
+)
 from reactor_serve.runtime.isolation.process_channel import ProcessChannel
 from reactor_serve.runtime.ranks.errors import SharedSlotAllocationFailed
 
@@ -64,7 +69,7 @@ def _is_torch_tensor(value: Any) -> bool:
 
 def _has_numpy_dtype(tensor: Any) -> bool:
     try:
-        np.dtype(str(tensor.dtype).removeprefix("torch."))
+        torch_numpy_dtype(tensor.dtype)
     except TypeError:
         return False  # bfloat16 and the like: pickled as before
     return True
