@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from reactor_serve.runtime.ranks import DistributedWorker
+from reactor_serve.runtime.ranks import DistributedRunner, DistributedWorker
 
 
 class SummingWorker(DistributedWorker):
@@ -99,3 +101,24 @@ class ArrayWorker(DistributedWorker):
 
     def reset(self) -> None:
         self.kept.clear()
+
+
+@contextmanager
+def started_runners(worker_cls: type, log_dir: Path) -> Iterator[Callable[..., DistributedRunner]]:
+    """`start(world_size, **options)`: a started runner of `worker_cls` whose ranks log
+    to `log_dir` (unless `load_kwargs` says otherwise); every one is shut down at the
+    end."""
+    runners: list[DistributedRunner] = []
+
+    def start(world_size: int, **options) -> DistributedRunner:
+        options.setdefault("load_kwargs", {"log_dir": str(log_dir)})
+        runner = DistributedRunner(worker_cls, world_size=world_size, **options)
+        runners.append(runner)
+        runner.start()
+        return runner
+
+    try:
+        yield start
+    finally:
+        for runner in runners:
+            runner.shutdown()

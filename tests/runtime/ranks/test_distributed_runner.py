@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rank_workers import SummingWorker
+from rank_workers import SummingWorker, started_runners
 
 from reactor_serve.runtime.ranks import (
     DistributedRunner,
@@ -40,18 +40,8 @@ def shm_entries() -> set[str]:
 
 @pytest.fixture
 def runner_of(tmp_path):
-    runners = []
-
-    def start(world_size, **kwargs):
-        kwargs.setdefault("load_kwargs", {"log_dir": str(tmp_path)})
-        runner = DistributedRunner(SummingWorker, world_size=world_size, **kwargs)
-        runners.append(runner)
-        runner.start()
-        return runner
-
-    yield start
-    for runner in runners:
-        runner.shutdown()
+    with started_runners(SummingWorker, tmp_path) as start:
+        yield start
 
 
 def rank_log(tmp_path, rank):
@@ -167,7 +157,7 @@ def test_ranks_do_not_outlive_a_killed_caller(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(support)!r})
-        from rank_workers import SummingWorker
+        from rank_workers import SummingWorker, started_runners
         from reactor_serve.runtime.ranks import DistributedRunner
         runner = DistributedRunner(SummingWorker, world_size=2,
                                    load_kwargs={{"log_dir": {str(tmp_path)!r}}})

@@ -10,7 +10,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 import pytest
 import torch
-from rank_workers import ArrayWorker
+from rank_workers import ArrayWorker, started_runners
 
 from reactor_serve.runtime.isolation.frame_ring import FrameReader
 from reactor_serve.runtime.isolation.process_channel import ProcessChannel, channel_pair
@@ -26,18 +26,8 @@ from reactor_serve.runtime.ranks.shared_inputs import (
 
 @pytest.fixture
 def runner_of(tmp_path):
-    runners = []
-
-    def start(world_size, **kwargs):
-        runner = DistributedRunner(ArrayWorker, world_size=world_size,
-                                   load_kwargs={"log_dir": str(tmp_path)}, **kwargs)
-        runners.append(runner)
-        runner.start()
-        return runner
-
-    yield start
-    for runner in runners:
-        runner.shutdown()
+    with started_runners(ArrayWorker, tmp_path) as start:
+        yield start
 
 
 def frame(seed: int, shape=(256, 256, 3)) -> np.ndarray:
