@@ -12,6 +12,7 @@ from reactor_serve.interface.models import (
     ReactorModel,
     ReactorPipeline,
 )
+from reactor_serve.interface.rank_context import RankContext, get_rank
 from reactor_serve.interface.state import InputField, InputRejected, InputState
 from reactor_serve.interface.tracks import (
     Audio,
@@ -36,6 +37,7 @@ __all__ = [
     "ModelConfig",
     "ModelMessage",
     "Output",
+    "RankContext",
     "ReactorModel",
     "ReactorPipeline",
     "SessionContext",
@@ -50,5 +52,6 @@ __all__ = [
     "disconnected",
     "event",
     "get_ctx",
+    "get_rank",
     "model",
 ]

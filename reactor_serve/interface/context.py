@@ -12,6 +12,8 @@ import contextvars
 import threading
 from typing import Any, Callable
 
+from reactor_serve.interface.rank_context import get_rank
+
 __all__ = ["SessionContext", "bind_context_source", "get_ctx", "register_live", "unregister_live"]
 
 
@@ -45,6 +47,24 @@ class SessionContext(abc.ABC):
     @abc.abstractmethod
     def session_id(self) -> str:
         """The id of the live session."""
+
+    # Where this process stands among the model's ranks (interface/rank_context.py):
+    # the same for every session of the process.
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (0 unless the model runs on several ranks)."""
+        return get_rank().rank
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks run the model (1 unless it runs on several)."""
+        return get_rank().world_size
+
+    @property
+    def device(self) -> str:
+        """This rank's device: "cuda:0" on a GPU, else "cpu"."""
+        return get_rank().device
 
 
 ContextSource = Callable[[], "SessionContext | None"]

@@ -14,6 +14,7 @@ is a `KindDriver`, chosen once from `spec.kind`: `PipelineDriver`, `RunLoopDrive
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import inspect
 import logging
@@ -107,7 +108,10 @@ class ModelHost:
         seats: int | None = None,
         shares: ModelHost | None = None,
         seat_outputs: list[OutputPort] | None = None,
+        driver: Callable[[DriverHost], KindDriver] | None = None,
     ) -> None:
+        # `driver`: how the model is driven, when not by its kind's own driver (a
+        # model whose every rank runs it is conducted: runtime/kinds/ranked.py).
         self.spec: ModelSpec = inspect_model(model_cls, name)
         self.config = model_config(model_cls, config)
         # Seats: sessions served at once by one loaded model (runtime/seats.py). This
@@ -145,7 +149,8 @@ class ModelHost:
         )
         self._session: Session | None = None
         self._lifecycle: asyncio.Lock | None = None
-        driver = BatchedDriver if self.spec.batch is not None else _DRIVERS[self.spec.kind]
+        if driver is None:
+            driver = BatchedDriver if self.spec.batch is not None else _DRIVERS[self.spec.kind]
         self._driver: KindDriver = driver(_HostForDriver(self))
         # A `@batched` model's steps, gathered over the seats (shared with them).
         self.batch_scheduler: BatchScheduler | None = None
@@ -635,10 +640,13 @@ class ModelHost:
                 self._answers.append(FrameAnswer(ticket, time.monotonic()))
 
     def _prepare(self, output: Any, compute_time: float | None) -> list[FrameItem]:
-        """Validate and split one emit, and count it for the production rate. Its first
-        frame answers the commands applied since the last emit began: an emit already
-        under way when a command applied was made before it."""
-        items = self.splitter.split(output)
+        """Validate and split one emit, and count it for the production rate."""
+        return self._ready(self.splitter.split(output), compute_time)
+
+    def _ready(self, items: list[FrameItem], compute_time: float | None) -> list[FrameItem]:
+        """Count one emit's frames for the production rate. Its first frame answers the
+        commands applied since the last emit began: an emit already under way when a
+        command applied was made before it."""
         if items:
             with self._command_lock:
                 answers, self._answers = self._answers, []
@@ -648,8 +656,13 @@ class ModelHost:
         return items
 
     async def _emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
+        await self._emit_items(self.splitter.split(output), drop, compute_time)
+
+    async def _emit_items(
+        self, items: list[FrameItem], drop: bool, compute_time: float | None
+    ) -> None:
         gate = self._step_gate()
-        items = self._prepare(output, compute_time)
+        items = self._ready(items, compute_time)
         if items:
             await self.output_buffer.put(items, drop and gate is None)
         self._check_shared_state()
@@ -708,9 +721,17 @@ class ModelHost:
         self, session: Session, state: dict[str, Any], commands: list[tuple[str, Any]]
     ) -> StepOutcome:
         """See `SessionHost.step`."""
+        return await asyncio.wrap_future(self.submit_step(session, state, commands))
+
+    def submit_step(
+        self, session: Session, state: dict[str, Any], commands: list[tuple[str, Any]]
+    ) -> concurrent.futures.Future[StepOutcome]:
+        """`step`, from a thread with no event loop: its outcome's future."""
         if not self._thread.alive:
-            return StepOutcome(StepFailure.SESSION_ENDED, "the model is not running")
-        return await asyncio.wrap_future(self._thread.submit(self._step(session, state, commands)))
+            done: concurrent.futures.Future[StepOutcome] = concurrent.futures.Future()
+            done.set_result(StepOutcome(StepFailure.SESSION_ENDED, "the model is not running"))
+            return done
+        return self._thread.submit(self._step(session, state, commands))
 
     async def _step(
         self, session: Session, state: dict[str, Any], commands: list[tuple[str, Any]]
@@ -847,6 +868,9 @@ class _HostForDriver(DriverHost):
 
     async def emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
         await self._host._emit(output, drop, compute_time)
+
+    async def emit_items(self, items: list[FrameItem], compute_time: float | None) -> None:
+        await self._host._emit_items(items, False, compute_time)
 
     async def stepped_idle(self) -> bool:
         return await self._host._stepped_idle()

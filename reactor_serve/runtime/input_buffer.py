@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -42,6 +42,10 @@ class InputBuffer:
         self._owner: object | None = None
         self.received = 0
         self.discarded = 0
+        # Called (on the reading loop) each time a read starts to wait for frames that
+        # are not there: a rank of a model run on every rank reports that its step
+        # waits for input (runtime/ranks/model_rank.py).
+        self.on_wait: Callable[[], None] | None = None
 
     @property
     def closed(self) -> bool:
@@ -91,11 +95,27 @@ class InputBuffer:
                     return frames
                 self._wanted = n
                 waiter = self._waiters.add()
+            if self.on_wait is not None:
+                self.on_wait()
             try:
                 await waiter
             finally:
                 with self._lock:
                     self._waiters.discard(waiter)
+
+    @property
+    def starving(self) -> bool:
+        """A read waits for more frames than the buffer holds."""
+        with self._lock:
+            return bool(self._waiters) and len(self._frames) < self._wanted
+
+    def drain(self) -> list[np.ndarray]:
+        """Every frame held, oldest first, leaving none (nothing is discarded: the
+        caller passes them on)."""
+        with self._lock:
+            frames = list(self._frames)
+            self._frames.clear()
+            return frames
 
     def close(self) -> None:
         """End input: pending and future `read()` calls raise BufferClosed."""

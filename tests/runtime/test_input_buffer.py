@@ -338,3 +338,26 @@ def test_audio_track_accepts_int16_and_rejects_others():
     assert np.array_equal(got, chunk)
     with pytest.raises(ValueError, match="mic"):
         buf.push(np.zeros((1, 960), dtype=np.float32))
+
+
+async def test_a_read_waiting_for_frames_says_so_and_starves_until_enough_arrive():
+    buf = InputBuffer("webcam")
+    waits = []
+    buf.on_wait = lambda: waits.append(buf.starving)
+    assert not buf.starving  # nobody reads
+    buf.push(np.full((4, 6, 3), 1, np.uint8))
+    reader = asyncio.ensure_future(buf.read(2))
+    await asyncio.sleep(0.01)
+    assert waits == [True] and buf.starving  # one frame of the two it waits for
+    buf.push(np.full((4, 6, 3), 2, np.uint8))
+    assert not buf.starving
+    assert _values(await reader) == [1, 2]
+    assert waits == [True]  # it had what it needed: no second wait
+
+
+def test_drain_hands_over_every_frame_held_without_counting_them_discarded():
+    buf = InputBuffer("webcam")
+    for value in (1, 2, 3):
+        buf.push(np.full((4, 6, 3), value, np.uint8))
+    assert _values(buf.drain()) == [1, 2, 3]
+    assert buf.drain() == [] and buf.discarded == 0

@@ -30,6 +30,7 @@ from reactor_serve.runtime.model_thread import ModelThread
 
 if TYPE_CHECKING:
     from reactor_serve.runtime.batch_scheduler import BatchScheduler
+    from reactor_serve.runtime.pacing.output_buffer import FrameItem
     from reactor_serve.runtime.session import Session
 
 __all__ = ["CommandsAsTasks", "DriverHost", "KindDriver", "call_model"]
@@ -84,6 +85,9 @@ class DriverHost(Protocol):
 
     async def emit(self, output: Any, drop: bool, compute_time: float | None) -> None:
         """Validate, split and enqueue one emit (backpressure unless `drop`)."""
+
+    async def emit_items(self, items: list[FrameItem], compute_time: float | None) -> None:
+        """`emit`, for frames another host split already (a rank's: kinds/ranked.py)."""
 
     async def stepped_idle(self) -> bool:
         """The producer has nothing to show (a pipeline's `Idle`): in a stepped session

@@ -25,6 +25,7 @@ import time
 import traceback
 from typing import Any
 
+from reactor_serve.interface.rank_context import RankContext, bind_rank
 from reactor_serve.runtime.isolation.frame_ring import FrameReader
 from reactor_serve.runtime.isolation.process_channel import (
     ChannelClosed,
@@ -65,6 +66,7 @@ class _Rank:
         self.world_size = world_size
         self.worker: Any = None
         self.grouped = False
+        self.result_rank = 0
         # Maps the rings of shared slots that large inputs arrive in.
         self.reader = FrameReader()
 
@@ -94,6 +96,8 @@ class _Rank:
 
     def _build(self, setup: RankSetup) -> bool:
         try:
+            self.result_rank = setup.result_rank
+            bind_rank(RankContext(self.rank, self.world_size, _device(), setup.result_rank))
             worker_cls = _import_worker(setup)
             worker = worker_cls()
             worker.rank = self.rank
@@ -132,7 +136,7 @@ class _Rank:
     def _answer(self, call: int, run: Any) -> None:
         try:
             result = run()
-            answer = RankAnswer(self.rank, result if self.rank == 0 else None)
+            answer = RankAnswer(self.rank, result if self.rank == self.result_rank else None)
         except Exception as exc:
             answer = RankAnswer(self.rank, error=portable(exc))
         try:

@@ -13,6 +13,7 @@ class RankSetup:
     def __init__(
         self, module: str, qualname: str, model_dir: str | None, script: str | None,
         load_kwargs: dict[str, Any], store_port: int | None, group_timeout_s: float,
+        result_rank: int = 0,
     ) -> None:
         self.module = module
         self.qualname = qualname
@@ -23,3 +24,5 @@ class RankSetup:
         # Where the process group's store listens (None: no process group).
         self.store_port = store_port
         self.group_timeout_s = group_timeout_s
+        # The rank whose results cross back to the runner.
+        self.result_rank = result_rank

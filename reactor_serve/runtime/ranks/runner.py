@@ -110,7 +110,8 @@ class DistributedRunner:
     one rank (off: ranks that never talk to each other, and no torch needed).
     `shared_memory_bytes`: how much shared memory each rank's inputs may hold at once;
     arrays of a call's input larger than `SHARED_MIN_BYTES` reach the ranks through
-    it, not the socket (0: every input is pickled).
+    it, not the socket (0: every input is pickled). `result_rank`: the rank whose
+    results the calls return (each rank's worker reads it as `get_rank().output_rank`).
     """
 
     def __init__(
@@ -123,6 +124,7 @@ class DistributedRunner:
         start_timeout: float = 3600.0,
         init_process_group: bool = True,
         shared_memory_bytes: int = SHARED_MEMORY_BYTES,
+        result_rank: int = 0,
     ) -> None:
         check_worker_class(worker_cls)
         if world_size is None:
@@ -136,6 +138,10 @@ class DistributedRunner:
                 or shared_memory_bytes < 0):
             raise ValueError("shared_memory_bytes must be a whole number of bytes, 0 or more, "
                              f"got {shared_memory_bytes!r}")
+        if (isinstance(result_rank, bool) or not isinstance(result_rank, int)
+                or not 0 <= result_rank < world_size):
+            raise ValueError(f"result_rank must be a rank from 0 to {world_size - 1}, "
+                             f"got {result_rank!r}")
         kwargs = dict(load_kwargs or {})
         try:
             ProcessChannel.encode(kwargs)
@@ -151,6 +157,7 @@ class DistributedRunner:
         self._start_timeout = float(start_timeout)
         self._init_process_group = init_process_group
         self._shared_memory_bytes = shared_memory_bytes
+        self._result_rank = result_rank
         self._sharing: InputSharing | None = None
         self._ranks: list[_RankProcess] = []
         self._pids: list[int] = []
@@ -201,7 +208,7 @@ class DistributedRunner:
                  self._world_size, self.pids)
 
     def generate(self, input: Any, /) -> Any:
-        """Run `generate(input)` on every rank; rank 0's result. Raises the worker's
+        """Run `generate(input)` on every rank; the result rank's result. Raises the worker's
         own error when every rank raised it (the group goes on), else RankDesync,
         WorkerCrashed or WorkerTimeout (the group is stopped). Raises
         SharedSlotAllocationFailed, before any rank sees the call, when the input's
@@ -252,7 +259,7 @@ class DistributedRunner:
                 rank.channel.send_encoded(payload)
             try:
                 answers = self._gather(call, op, self._call_timeout)
-                return verdict(answers, op)
+                return verdict(answers, op, self._result_rank)
             except (WorkerCrashed, WorkerTimeout, RankDesync):
                 self._fail()
                 raise
@@ -354,7 +361,7 @@ class DistributedRunner:
             )
             port = self._store.port
         setup = RankSetup(*_where_defined(self._worker_cls), self._load_kwargs, port,
-                          min(self._start_timeout, 1800.0))
+                          min(self._start_timeout, 1800.0), self._result_rank)
         for rank in range(self._world_size):
             extra = {
                 "RANK": str(rank), "LOCAL_RANK": str(rank),

@@ -1,9 +1,10 @@
 """What one call on every rank comes to, from each rank's answer.
 
-Every rank answers every call. When all succeed, rank 0's result stands. When all
-raise the same type of error, the worker raised it on purpose (the same input fails the
-same way everywhere): the caller gets rank 0's exception and the group goes on. Any
-other mix means the ranks are no longer doing the same thing, and whatever rank 0
+Every rank answers every call. When all succeed, the result rank's (rank 0 unless the
+runner names another) result stands. When all raise the same type of error, the worker
+raised it on purpose (the same input fails the same way everywhere): the caller gets
+the result rank's exception and the group goes on. Any other mix means the ranks are
+no longer doing the same thing, and whatever the result rank
 made came from collectives a failing rank was part of: `RankDesync`.
 """
 
@@ -19,25 +20,27 @@ __all__ = ["RankAnswer", "verdict"]
 
 @dataclass(frozen=True)
 class RankAnswer:
-    """One rank's answer to one call: rank 0's `result` on success, or its `error`."""
+    """One rank's answer to one call: the result rank's `result` on success (the
+    others' stay behind), or its `error`."""
 
     rank: int
     result: Any = None
     error: BaseException | None = None
 
 
-def verdict(answers: list[RankAnswer], what: str) -> RankAnswer:
-    """Rank 0's answer when every rank succeeded. Raises rank 0's exception when every
+def verdict(answers: list[RankAnswer], what: str, result_rank: int = 0) -> RankAnswer:
+    """`result_rank`'s answer when every rank succeeded. Raises its exception when every
     rank raised the same type of error, RankDesync otherwise."""
     answers = sorted(answers, key=lambda answer: answer.rank)
     failed = [answer for answer in answers if answer.error is not None]
+    chosen = next(answer for answer in answers if answer.rank == result_rank)
     if not failed:
-        return answers[0]
+        return chosen
     kinds = {type(answer.error) for answer in failed}
     if len(failed) == len(answers) and len(kinds) == 1:
         # Messages are not compared: a worker may put its rank in them.
-        assert answers[0].error is not None
-        raise answers[0].error
+        assert chosen.error is not None
+        raise chosen.error
     first = failed[0]
     if len(failed) < len(answers):
         fine = ", ".join(str(a.rank) for a in answers if a.error is None)

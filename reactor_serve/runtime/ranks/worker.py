@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from reactor_serve.interface.rank_context import get_rank
+
 __all__ = ["DistributedWorker", "check_worker_class"]
 
 WORKER_METHODS = ("load", "generate", "reset")
@@ -29,8 +31,9 @@ class DistributedWorker:
 
     @property
     def is_leader(self) -> bool:
-        """Rank 0: the rank whose `generate()` result the caller receives."""
-        return self.rank == 0
+        """The rank whose `generate()` result the caller receives (rank 0 unless the
+        runner was given another `result_rank`)."""
+        return self.rank == get_rank().output_rank
 
     def load(self, **kwargs: Any) -> None:
         """Load this rank's weights onto `self.device` (the runner's `load_kwargs`)."""
@@ -38,8 +41,9 @@ class DistributedWorker:
 
     def generate(self, input: Any, /) -> Any:
         """One step on this rank. Every rank gets the same `input`, in the same order;
-        rank 0's return value goes to the caller, so a model whose ranks each make a
-        part gathers the parts onto rank 0 here (a `torch.distributed` collective)."""
+        the leader's return value goes to the caller, so a model whose ranks each make
+        a part gathers the parts onto the leader here (a `torch.distributed`
+        collective)."""
         raise NotImplementedError
 
     def reset(self) -> None:
