@@ -19,6 +19,13 @@ in its own model process with R rank processes, watched by an in-process client
                          (`input_mb`), which reaches each rank through shared memory;
                          `input_fanout_ms_p50_pickled` with shared memory off (the frame
                          pickled into every rank's message), in the same run
+  model_mode_step_us_p50 the runtime's own cost per step of a model whose own class
+                         runs on every rank (`rank_mode: model`): one step of a stepped
+                         session of a model that makes an 8x8 frame at once, from the
+                         media side through the model process's conductor to every
+                         rank and back with the output rank's frame;
+                         `model_mode_step_us_p50_single` the same model in one process
+                         (no ranks, no conductor), in the same run
   restart_s              from SIGKILL of the last rank in a live session to the first
                          frame of the next session, on fresh ranks (the model process's
                          restart, its load and every rank's included)
@@ -55,6 +62,27 @@ from reactor_serve.runtime.ranks.rank_census import ranks_under  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 PAINTER = ROOT / "examples" / "split_painter"
 FANOUT_CALLS = 2000
+MODEL_MODE_STEPS = 1000
+# A model whose every rank makes an 8x8 frame at once: a step's cost is the runtime's.
+NULL_MODEL = """
+import numpy as np
+from dataclasses import dataclass
+from reactor_runtime.interface import Output, ReactorPipeline, Video
+
+
+@dataclass
+class NullOutput(Output):
+    main_video: Video
+
+
+class Null(ReactorPipeline):
+    def load(self, config):
+        self.frame = np.zeros((1, 8, 8, 3), np.uint8)
+
+    def inference(self):
+        while True:
+            yield NullOutput(main_video=self.frame)
+"""
 INPUT_CALLS = 300
 INPUT_FRAME_SHAPE = (720, 1280, 3)
 
@@ -84,6 +112,41 @@ def fanout_us_p50(ranks: int, step: dict, calls: int, **runner_options) -> float
             runner.generate(step)
             times.append(time.perf_counter() - started)
     return statistics.median(times) * 1e6
+
+
+class _Quiet:
+    def message(self, envelope) -> None:
+        pass
+
+    def ended(self, reason, detail) -> None:
+        pass
+
+
+async def model_mode_step_us_p50(root: Path, ranks: int, env: dict[str, str]) -> float:
+    """The median time of one step of a stepped session on `NULL_MODEL`, run on `ranks`
+    ranks with `rank_mode: model` (1: in its model process alone)."""
+    target = root / f"null-{ranks}"
+    target.mkdir()
+    (target / "model.py").write_text(NULL_MODEL)
+    (target / "reactor.yaml").write_text("model: model:Null\nname: null\nconfig: config.yml\n")
+    (target / "config.yml").write_text(yaml.safe_dump({"ranks": ranks, "rank_mode": "model"}))
+    process = ModelProcess(target, env=env)
+    await asyncio.to_thread(process.start)
+    try:
+        session = await process.open_session(_Quiet(), stepped=True)
+        times = []
+        for index in range(MODEL_MODE_STEPS + 100):
+            started = time.perf_counter()
+            outcome = await process.step(session, {}, [])
+            if outcome.failure is not None:
+                raise RuntimeError(f"a step failed: {outcome.message}")
+            if index >= 100:
+                times.append(time.perf_counter() - started)
+            list(process.output_buffer.drain())
+        await session.close()
+        return statistics.median(times) * 1e6
+    finally:
+        await asyncio.to_thread(process.shutdown)
 
 
 def painter_copy(root: Path, ranks: int, config: dict) -> Path:
@@ -178,7 +241,7 @@ async def main() -> None:
     if args.device != "cuda":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the fan-out runners here, likewise
     try:
-        single = None
+        single = single_step = None
         with tempfile.TemporaryDirectory(prefix="reactor-ranks-bench-") as root:
             for ranks in sorted(args.ranks):
                 line = await run_case(Path(root), ranks, args.seconds, args.warmup, config, env)
@@ -195,6 +258,11 @@ async def main() -> None:
                     fanout_us_p50(ranks, frame, INPUT_CALLS) / 1000, 3)
                 line["input_fanout_ms_p50_pickled"] = round(
                     fanout_us_p50(ranks, frame, INPUT_CALLS, shared_memory_bytes=0) / 1000, 3)
+                line["model_mode_step_us_p50"] = round(
+                    await model_mode_step_us_p50(Path(root), ranks, env), 1)
+                if ranks == 1:
+                    single_step = line["model_mode_step_us_p50"]
+                line["model_mode_step_us_p50_single"] = single_step
                 line["device"] = args.device
                 print(json.dumps({"benchmark": "ranks", **line}), flush=True)
     finally:

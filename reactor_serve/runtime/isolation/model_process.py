@@ -63,6 +63,7 @@ from reactor_serve.runtime.pacing.frames import audio_chunk, video_batch
 from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
 from reactor_serve.runtime.ranks.rank_census import RankProcess, ranks_under
 from reactor_serve.runtime.ranks.rank_count import RANKS_ENV, rank_count
+from reactor_serve.runtime.ranks.rank_mode import rank_mode
 from reactor_serve.runtime.seats import seat_count
 from reactor_serve.runtime.session import EndReason, Session, SessionHost, SessionSink
 from reactor_serve.runtime.startup_heap import freeze_startup_heap
@@ -138,6 +139,8 @@ class ModelProcess:
         # Sessions served at once by the one model process (runtime/seats.py): each
         # seat has its output buffer here; this object is the first seat.
         count = seat_count(self.config, self.spec.name, seats)
+        # Checked here too, so a wrong setting fails the start, not each load.
+        rank_mode(self.config, self.spec.name, self.ranks, count)
         self.output_buffers = [
             OutputBuffer(self.spec.buffer_size, self.spec.fps) for _ in range(count)
         ]

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import signal
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from reactor_serve.interface.tracks import InputFrame
 from reactor_serve.runtime.host import ModelHost, ModelLoadError, SessionBusy
@@ -28,6 +29,11 @@ from reactor_serve.runtime.isolation.process_channel import (
     ChannelClosed,
     ProcessChannel,
 )
+from reactor_serve.runtime.kinds.kind_driver import DriverHost, KindDriver
+from reactor_serve.runtime.kinds.ranked import RankedDriver
+from reactor_serve.runtime.loading.model_spec import ModelSpec
+from reactor_serve.runtime.ranks.rank_count import ranks_from_environment
+from reactor_serve.runtime.ranks.rank_mode import rank_mode
 from reactor_serve.runtime.session import Session
 from reactor_serve.runtime.stepping import StepFailure, StepOutcome
 
@@ -96,6 +102,7 @@ class _Worker:
             self.host = ModelHost(
                 model_cls, manifest.config, name=manifest.name, output=self.outputs[0],
                 seats=self.seat_total, seat_outputs=self.outputs[1:],
+                driver=self._rank_conductor(manifest.config, spec),
             )
             if spec.batch is not None:
                 # Each batch's size and time, for the replica's metrics.
@@ -116,6 +123,23 @@ class _Worker:
             )
             return False
         return True
+
+    def _rank_conductor(
+        self, config: Any, spec: ModelSpec
+    ) -> Callable[[DriverHost], KindDriver] | None:
+        """With `rank_mode: model` and more than one rank, the model runs on its ranks
+        and this process conducts them (runtime/kinds/ranked.py); else None: the
+        model runs here."""
+        ranks = ranks_from_environment()
+        mode = rank_mode(config, spec.name, ranks, self.seat_total)
+        if ranks == 1 or not mode.every_rank_runs_model:
+            return None
+        if spec.batch is not None:
+            # @batched gathers the seats of one loaded model; ranks step one session.
+            raise ValueError(f"model {spec.name}: rank_mode: model steps one session on "
+                             "every rank, so a @batched model has nothing to batch: drop "
+                             "@batched, or use rank_mode: runner")
+        return functools.partial(RankedDriver, model_dir=self.model_dir, ranks=ranks, mode=mode)
 
     async def _until_done(self) -> None:
         # Woken by the reader when it sets `done`; otherwise once a second, to notice

@@ -6,7 +6,6 @@ works, and nothing is left behind."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -14,62 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 from paths import EXAMPLES
+from rank_processes import model_copy, rank_pids, wait_for_ranks, wait_until_gone
 
 from reactor_serve.client import connect
 
 PAINTER = EXAMPLES / "split_painter"
-RANK_MODULE = "reactor_serve.runtime.ranks.rank_process"
 
 
 def painter_copy(tmp_path: Path, **config) -> Path:
-    copy = tmp_path / "split_painter"
-    shutil.copytree(PAINTER, copy)
-    lines = [f"{key}: {value!r}" if isinstance(value, str) else f"{key}: {value}"
-             for key, value in config.items()]
-    with (copy / "config.yml").open("a") as file:
-        file.write("\n" + "\n".join(lines) + "\n")
-    return copy
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    except OSError:
-        return []
-
-
-def rank_pids(run_pid: int) -> dict[int, int]:
-    """The rank processes under `reactor run` (model process -> ranks), by rank."""
-    ranks = {}
-    for model_process in children(run_pid):
-        for pid in children(model_process):
-            line = cmdline(pid)
-            if RANK_MODULE in line:
-                ranks[int(line[line.index("--rank") + 1])] = pid
-    return ranks
-
-
-def wait_for_ranks(run_pid: int, count: int, avoid: set[int] = frozenset(), timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ranks = rank_pids(run_pid)
-        if len(ranks) == count and not set(ranks.values()) & avoid:
-            return ranks
-        time.sleep(0.1)
-    raise AssertionError(f"no {count} fresh ranks under reactor run within {timeout} s: {ranks}")
+    return model_copy(PAINTER, tmp_path, **config)
 
 
 async def painted_frame(client, timeout=30.0):
@@ -158,11 +110,7 @@ async def test_a_failed_rank_ends_the_session_naming_it_and_the_next_session_wor
         assert "1 (stopped by a signal)" in message, message
     # Every rank of the failed group is gone; the model restarted with fresh ones.
     fresh = wait_for_ranks(run.process.pid, 2, avoid=set(pids.values()))
-    for pid in pids.values():
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
-            assert time.monotonic() < deadline, f"rank pid {pid} of the failed group lives on"
-            time.sleep(0.1)
+    wait_until_gone(pids.values())
     again = await connect(run.url, timeout=60)
     try:
         await painted_frame(again)

@@ -1,18 +1,20 @@
-"""A multi-rank model on a real local Ray Serve (logical GPUs): the replica reserves a
-GPU per rank, each rank sees only its own, frames stream, and a killed rank ends the
-session naming it while the replica serves the next one with fresh ranks."""
+"""Multi-rank models on a real local Ray Serve (logical GPUs), a runner-driven one and
+one whose own class runs on every rank: the replica reserves a GPU per rank, each rank
+sees only its own, frames stream, and a killed rank ends the session naming it while
+the replica serves the next one with fresh ranks."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from paths import EXAMPLES
+from rank_processes import model_copy
 
 from reactor_serve.client import connect
 
@@ -36,12 +38,9 @@ async def painted_frame(client, timeout=30.0):
 async def test_each_rank_gets_a_gpu_of_the_replica_and_a_killed_rank_restarts_them_all(
     ray_serve, tmp_path, ranks
 ):
-    model_dir = tmp_path / "split_painter"
-    shutil.copytree(EXAMPLES / "split_painter", model_dir)
     logs = tmp_path / "logs"
     logs.mkdir()
-    with (model_dir / "config.yml").open("a") as config:
-        config.write(f"\nrank_log_dir: {str(logs)!r}\n")
+    model_dir = model_copy(EXAMPLES / "split_painter", tmp_path, rank_log_dir=str(logs))
     app = f"ranks{ranks}"
     url = ray_serve.deploy(app, {"operator_token": "op", "models": [
         {"path": str(model_dir), "ranks": ranks, "min_replicas": 1, "max_replicas": 1,
@@ -88,5 +87,69 @@ async def test_each_rank_gets_a_gpu_of_the_replica_and_a_killed_rank_restarts_th
         steps = [log[1:] for log in rank_logs(logs, ranks)]
         shortest = min(len(s) for s in steps)
         assert shortest > 5 and all(s[:shortest] == steps[0][:shortest] for s in steps)
+    finally:
+        ray_serve.delete(app)
+
+
+def camera(colour: int) -> np.ndarray:
+    frame = np.zeros((96, 128, 3), np.uint8)
+    frame[..., 2] = colour
+    frame[: 4 + colour % 64] = 180
+    return frame
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+async def test_a_model_run_on_every_rank_streams_through_serve_and_restarts_its_ranks_together(
+    ray_serve, tmp_path, ranks
+):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    model_dir = model_copy(EXAMPLES / "ranked_filter", tmp_path, rank_log_dir=str(logs),
+                           wait_for_camera=True, output_rank=ranks - 1)
+    app = f"ranked{ranks}"
+    url = ray_serve.deploy(app, {"operator_token": "op", "models": [
+        {"path": str(model_dir), "ranks": ranks, "min_replicas": 1, "max_replicas": 1,
+         "warm_spares": 0, "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}}]})
+    model = f"{url}/models/ranked-filter"
+    frames = (camera(c % 250) for c in range(10**6))
+    try:
+        client = await connect(model, inputs={"camera": frames})
+        try:
+            await painted_frame(client)
+            client.send_command("flash", {"frames": 4})
+            deadline = time.monotonic() + 20
+            while float((await client.next_frame()).image.mean()) < 240:
+                assert time.monotonic() < deadline, "the flash never showed"
+            client.send_command("set_strength", {"strength": 0.5})
+            for _ in range(20):
+                await client.next_frame()
+            async with httpx.AsyncClient(timeout=10) as http:
+                listed = (await http.get(f"{model}/sessions", headers=OPERATOR)).json()["sessions"]
+            [session] = listed
+            assert len(session["gpu_ids"]) == ranks
+            headers = [log[0].split() for log in rank_logs(logs, ranks)]
+            seen = sorted(header[header.index("gpu") + 1] for header in headers)
+            assert seen == sorted(str(g) for g in session["gpu_ids"]), (headers, session)
+            # Every rank's model ran the same steps on the same camera frames, the
+            # event and the new strength at the same step.
+            steps = [log[1:] for log in rank_logs(logs, ranks)]
+            shortest = min(len(s) for s in steps)
+            assert shortest > 20 and all(s[:shortest] == steps[0][:shortest] for s in steps)
+            assert "flash 4" in steps[0][:shortest]
+            victim = int(headers[0][headers[0].index("pid") + 1])
+            os.kill(victim, signal.SIGKILL)
+            ended = await client.next_message("sessionEnded", scope="runtime", after=0, timeout=30)
+        finally:
+            await client.close()
+        assert ended["data"]["reason"] == "error"
+        assert f"rank 0 (pid {victim})" in ended["data"]["message"], ended
+        again = await connect(model, inputs={"camera": frames}, timeout=90)
+        try:
+            for _ in range(10):
+                await painted_frame(again)
+        finally:
+            await again.close()
+        fresh = [int(log[0].split()[5]) for log in rank_logs(logs, ranks)]
+        assert victim not in fresh and len(set(fresh)) == ranks
     finally:
         ray_serve.delete(app)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from reactor_serve.runtime.ranks.errors import (
@@ -15,12 +17,23 @@ from reactor_serve.runtime.ranks.rank_count import (
     rank_count,
     ranks_from_environment,
 )
+from reactor_serve.runtime.ranks.rank_mode import RankMode, rank_mode
 from reactor_serve.runtime.ranks.verdict import RankAnswer, verdict
 
 
 def test_rank_0s_answer_stands_when_every_rank_succeeded_whatever_the_order() -> None:
     answers = [RankAnswer(2), RankAnswer(0, result="frame"), RankAnswer(1)]
     assert verdict(answers, "generate").result == "frame"
+
+
+def test_a_named_result_ranks_answer_and_error_stand_instead_of_rank_0s() -> None:
+    answers = [RankAnswer(0), RankAnswer(1, result="frame"), RankAnswer(2)]
+    assert verdict(answers, "generate", result_rank=1).result == "frame"
+    one = KeyError("one")
+    with pytest.raises(KeyError) as caught:
+        verdict([RankAnswer(0, error=KeyError("zero")), RankAnswer(1, error=one)], "generate",
+                result_rank=1)
+    assert caught.value is one
 
 
 def test_the_same_error_everywhere_is_rank_0s_own_exception() -> None:
@@ -71,3 +84,25 @@ def test_the_ranks_setting_and_its_environment_variable(monkeypatch) -> None:
     monkeypatch.setenv(RANKS_ENV, "many")
     with pytest.raises(ValueError, match=RANKS_ENV):
         ranks_from_environment()
+
+
+@pytest.mark.parametrize("config, ranks, seats, wrong", [
+    ({"rank_mode": "spmd"}, 2, 1, "rank_mode: expected one of runner, model, got 'spmd'"),
+    ({"output_rank": 2}, 2, 1, "output_rank: expected a rank from 0 to 1, got 2"),
+    ({"output_rank": True}, 2, 1, "output_rank"),
+    ({"rank_step_timeout_s": float("nan")}, 2, 1, "rank_step_timeout_s"),
+    ({"rank_step_timeout_s": "5"}, 2, 1, "rank_step_timeout_s"),
+    ({"rank_mode": "model"}, 2, 3, "rank_mode: model serves one session at a time"),
+])
+def test_wrong_rank_mode_settings_name_the_field_and_the_model(config, ranks, seats, wrong) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"model m: {wrong}")):
+        rank_mode(config, "m", ranks, seats)
+
+
+def test_rank_mode_defaults_and_values() -> None:
+    assert rank_mode(None, "m", 1) == RankMode("runner", 0, 30.0)
+    chosen = rank_mode({"rank_mode": "model", "output_rank": 1, "rank_step_timeout_s": 5}, "m", 2)
+    assert chosen.every_rank_runs_model and chosen.output_rank == 1
+    assert chosen.step_timeout_s == 5.0
+    # One rank: nothing to conduct, so seats are fine.
+    assert rank_mode({"rank_mode": "model"}, "m", 1, seats=4).every_rank_runs_model

@@ -1,0 +1,123 @@
+"""A model whose own class runs on every rank (`rank_mode: model`), on `reactor run`
+over real WebRTC: the ranked filter example with R = 2 and 3 processes in a real gloo
+group. It waits for the client's camera, so every step is fed the same frames; each
+rank's own log shows the same steps, state and events in the same order; a killed or
+stopped rank ends the session naming it, the next session works on fresh ranks, and
+nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from paths import EXAMPLES
+from rank_processes import model_copy, rank_pids, wait_for_ranks, wait_until_gone
+
+from reactor_serve.client import connect
+
+FILTER = EXAMPLES / "ranked_filter"
+
+
+def camera(colour: int) -> np.ndarray:
+    frame = np.zeros((96, 128, 3), np.uint8)
+    frame[..., 0] = colour
+    frame[:, : 4 + colour % 64] = 200
+    return frame
+
+
+async def filtered_frame(client, timeout=30.0):
+    """The first frame the model made (before it, the client sees black at a default
+    size)."""
+    deadline = time.monotonic() + timeout
+    while (image := (await client.next_frame()).image).shape != (96, 128, 3):
+        assert time.monotonic() < deadline, f"no filtered frame within {timeout} s"
+    return image
+
+
+async def until_white(client, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while float((await client.next_frame()).image.mean()) < 240:
+        assert time.monotonic() < deadline, "the flash never showed"
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+async def test_every_rank_runs_the_model_on_the_same_inputs_in_the_same_order(
+    reactor_run, tmp_path, ranks
+):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    run = reactor_run(model_copy(FILTER, tmp_path, rank_log_dir=str(logs), wait_for_camera=True),
+                      "--ranks", str(ranks))
+    pids = wait_for_ranks(run.process.pid, ranks)
+    health = httpx.get(f"{run.url}/health").json()
+    assert health["ranks"]["expected"] == ranks
+    assert {int(k): v["pid"] for k, v in health["ranks"]["running"].items()} == pids
+    client = await connect(run.url, inputs={"camera": (camera(c % 250) for c in range(10**6))})
+    try:
+        assert (await filtered_frame(client)).std() > 3
+        client.send_command("set_strength", {"strength": 0.25})
+        client.send_command("flash", {"frames": 5})
+        await until_white(client)
+        client.send_command("set_speed", {"speed": 3.0})
+        for _ in range(30):
+            await client.next_frame()
+    finally:
+        await client.close()
+    logged = [(logs / f"rank-{rank}.log").read_text().splitlines() for rank in range(ranks)]
+    assert [log[0].split()[:4] for log in logged] == [
+        ["rank", str(rank), "of", str(ranks)] for rank in range(ranks)]
+    steps = [log[1:] for log in logged]
+    shortest = min(len(s) for s in steps)
+    assert shortest > 20
+    # The same steps, on the same camera frames, with the commands at the same step.
+    assert all(s[:shortest] == steps[0][:shortest] for s in steps)
+    seen = steps[0][:shortest]
+    assert "flash 5" in seen
+    strengths = [line.split()[3] for line in seen if line.startswith("step")]
+    assert strengths[0] == "1.0000" and "0.2500" in strengths
+    cameras = {line.split()[5] for line in seen if line.startswith("step")}
+    assert "-1" not in cameras and len(cameras) > 3  # the client's frames, changing
+    shm_before = set(os.listdir("/dev/shm"))
+    run.stop()
+    wait_until_gone(pids.values())
+    assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+@pytest.mark.parametrize("failure", ["killed", "stopped"])
+async def test_a_failed_rank_of_a_ranked_model_ends_the_session_and_the_next_one_works(
+    reactor_run, tmp_path, failure
+):
+    run = reactor_run(model_copy(FILTER, tmp_path, rank_step_timeout_s=2.0), "--ranks", "2")
+    pids = wait_for_ranks(run.process.pid, 2)
+    client = await connect(run.url)
+    try:
+        await filtered_frame(client)
+        victim = pids[1]
+        os.kill(victim, signal.SIGKILL if failure == "killed" else signal.SIGSTOP)
+        ended = await client.next_message("sessionEnded", scope="runtime", after=0, timeout=30)
+    finally:
+        await client.close()
+    assert ended["data"]["reason"] == "error"
+    message = ended["data"]["message"]
+    if failure == "killed":
+        assert "WorkerCrashed" in message and f"rank 1 (pid {victim})" in message, message
+        assert "SIGKILL" in message, message
+    else:
+        assert "WorkerTimeout" in message and "no answer within 2 s" in message, message
+        assert "1 (stopped by a signal)" in message, message
+    fresh = wait_for_ranks(run.process.pid, 2, avoid=set(pids.values()))
+    wait_until_gone(pids.values())
+    again = await connect(run.url, timeout=60)
+    try:
+        await filtered_frame(again)
+    finally:
+        await again.close()
+    assert rank_pids(run.process.pid) == fresh
+    assert not any(Path(f"/proc/{pid}").exists() and "Z" not in
+                   Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                   for pid in pids.values())
