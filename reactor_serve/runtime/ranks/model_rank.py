@@ -14,9 +14,12 @@ bring (`await read()` on an empty track). The rank says so ("starved") and keeps
 step open; the conductor waits for the client's next frames and feeds them to every
 rank at once, so each read resumes on the same frames.
 
-What each call comes to is a `RankStep`. A session the model ended with an error is
-raised (`RankSessionFailed`) rather than answered, so that ranks which disagree on it
-are a `RankDesync`, and ranks which agree end the session with the model's words.
+What each call comes to is a `RankStep`, summed up on every rank (`summarize`: made its
+unit, waits for input, ended the session) for the runner to compare: ranks that
+disagree are a `RankDesync`, so they stop together instead of drifting until a
+collective hangs. A session the model ended with an error is raised
+(`RankSessionFailed`) rather than answered, so that ranks which disagree on it are a
+`RankDesync` too, and ranks which agree end the session with the model's words.
 """
 
 from __future__ import annotations
@@ -102,6 +105,14 @@ class ModelRank:
         if op == "close":
             return self._close(request[1], request[2])
         raise ValueError(f"unknown rank request {op!r}")
+
+    def summarize(self, step: RankStep) -> str:
+        """What a call came to, for the runner to compare across ranks."""
+        if step.starved:
+            return "waits for input"
+        if step.ended is not None:
+            return f"ended the session ({step.ended[0]})"
+        return "made its unit"
 
     def reset(self) -> None:
         if self._session is not None:

@@ -136,7 +136,9 @@ class _Rank:
     def _answer(self, call: int, run: Any) -> None:
         try:
             result = run()
-            answer = RankAnswer(self.rank, result if self.rank == self.result_rank else None)
+            summarize = getattr(self.worker, "summarize", None)
+            answer = RankAnswer(self.rank, result if self.rank == self.result_rank else None,
+                                summary=summarize(result) if summarize is not None else None)
         except Exception as exc:
             answer = RankAnswer(self.rank, error=portable(exc))
         try:

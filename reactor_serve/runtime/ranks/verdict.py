@@ -5,7 +5,9 @@ runner names another) result stands. When all raise the same type of error, the 
 raised it on purpose (the same input fails the same way everywhere): the caller gets
 the result rank's exception and the group goes on. Any other mix means the ranks are
 no longer doing the same thing, and whatever the result rank
-made came from collectives a failing rank was part of: `RankDesync`.
+made came from collectives a failing rank was part of: `RankDesync`. So is a call that
+succeeded everywhere but came to different things, where the worker sums its results
+up (`summarize`): ranks that part ways are stopped before a collective hangs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ class RankAnswer:
     rank: int
     result: Any = None
     error: BaseException | None = None
+    # What the call came to on this rank, from a worker that sums its results up
+    # (`summarize(result)`): small, sent by every rank, compared by `verdict`.
+    summary: Any = None
 
 
 def verdict(answers: list[RankAnswer], what: str, result_rank: int = 0) -> RankAnswer:
@@ -35,6 +40,9 @@ def verdict(answers: list[RankAnswer], what: str, result_rank: int = 0) -> RankA
     failed = [answer for answer in answers if answer.error is not None]
     chosen = next(answer for answer in answers if answer.rank == result_rank)
     if not failed:
+        if len({answer.summary for answer in answers}) > 1:
+            raise RankDesync(f"{what}: the ranks disagree: " + "; ".join(
+                f"rank {answer.rank} {answer.summary}" for answer in answers))
         return chosen
     kinds = {type(answer.error) for answer in failed}
     if len(failed) == len(answers) and len(kinds) == 1:

@@ -1,7 +1,8 @@
 """A model whose own class runs on every rank, for the conductor's tests: each frame
 is filled with `level + steps` in its red channel and the rank that made it in its
 green one; `boom` raises on every rank, `boom_on` on one; `wait_for_input` makes every
-step wait for a frame on `frames` and add its red value."""
+step wait for a frame on `frames` and add its red value; `stall_on` makes one rank
+alone wait for a frame."""
 
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ class RankedEcho(ReactorPipeline):
         self.me = get_rank()
         self.wait_for_input = bool(config.get("wait_for_input", False))
         self.bumps = 0
+        self.stall = False
 
     @connected
     def hello(self) -> None:
@@ -66,10 +68,18 @@ class RankedEcho(ReactorPipeline):
         if rank == self.me.rank:
             raise ValueError(f"boom on rank {rank} alone")
 
+    @event(name="stall_on")
+    def stall_on(self, rank: int = InputField(ge=0, le=15)) -> None:
+        # That rank alone waits for input at its next step: the ranks part ways.
+        self.stall = rank == self.me.rank
+
     async def inference(self):
         steps = 0
         while True:
             extra = 0
+            if self.stall:
+                self.stall = False
+                await self.input.frames.read()
             if self.wait_for_input:
                 [frame] = await self.input.frames.read()
                 extra = int(frame[0, 0, 0])

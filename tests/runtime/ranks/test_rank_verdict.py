@@ -36,6 +36,15 @@ def test_a_named_result_ranks_answer_and_error_stand_instead_of_rank_0s() -> Non
     assert caught.value is one
 
 
+def test_calls_that_succeeded_but_came_to_different_things_are_a_desync() -> None:
+    same = [RankAnswer(0, "frame", summary="made"), RankAnswer(1, summary="made")]
+    assert verdict(same, "generate").result == "frame"
+    with pytest.raises(RankDesync, match="generate: the ranks disagree: rank 0 made; "
+                                         "rank 1 waits"):
+        verdict([RankAnswer(1, summary="waits"), RankAnswer(0, "frame", summary="made")],
+                "generate")
+
+
 def test_the_same_error_everywhere_is_rank_0s_own_exception() -> None:
     zero = KeyError("zero")
     with pytest.raises(KeyError) as caught:
