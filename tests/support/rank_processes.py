@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -78,3 +79,22 @@ def wait_until_gone(pids, timeout: float = 10.0) -> None:
                 break
             assert time.monotonic() < deadline, f"process {pid} lives on"
             time.sleep(0.1)
+
+
+def fail_rank(pid: int, failure: str) -> None:
+    """Kill the rank ("killed"), or stop it: alive, and never answering again."""
+    os.kill(pid, signal.SIGKILL if failure == "killed" else signal.SIGSTOP)
+
+
+def check_failure_named(ended: dict, failure: str, victim: int, rank: int,
+                        timeout_s: float) -> None:
+    """`ended` (a sessionEnded message) says which rank failed and how."""
+    assert ended["data"]["reason"] == "error"
+    message = ended["data"]["message"]
+    if failure == "killed":
+        assert "WorkerCrashed" in message and f"rank {rank} (pid {victim})" in message, message
+        assert "SIGKILL" in message, message
+    else:
+        assert "WorkerTimeout" in message, message
+        assert f"no answer within {timeout_s:g} s" in message, message
+        assert f"{rank} (stopped by a signal)" in message, message

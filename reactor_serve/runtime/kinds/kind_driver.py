@@ -23,6 +23,7 @@ import inspect
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
 
 from reactor_serve.interface.context import SessionContext
+from reactor_serve.runtime.command_queue import CommandQueue
 from reactor_serve.runtime.input_buffer import InputBuffer
 from reactor_serve.runtime.input_latency import CommandTicket
 from reactor_serve.runtime.loading.model_spec import CommandSpec, ModelSpec
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from reactor_serve.runtime.pacing.output_buffer import FrameItem
     from reactor_serve.runtime.session import Session
 
-__all__ = ["CommandsAsTasks", "DriverHost", "KindDriver", "call_model"]
+__all__ = ["CommandsAsTasks", "DriverHost", "KindDriver", "QueuedCommands", "call_model"]
 
 
 class DriverHost(Protocol):
@@ -179,6 +180,71 @@ class CommandsAsTasks:
 
     def release_inputs(self, session: Session) -> None:
         pass
+
+
+class QueuedCommands:
+    """What the pipeline, `@batched` and ranked drivers share: commands wait in a queue
+    and apply between units of the producer (`_apply_pending`), and a command or an
+    input frame wakes a producer that idles (`_idle_wait`) early.
+
+    A slow producer (a unit every half second) under a slider (60 values a second)
+    would queue values it never shows: a setter replaces the waiting value of its
+    field, so the one applied at the next unit is the newest."""
+
+    # An idle producer is resumed at least this often, so a model that polls input
+    # with try_read() keeps up with a 30 fps camera without spinning the CPU.
+    IDLE_POLL_S = 0.01
+
+    def __init__(self, host: DriverHost) -> None:
+        self._host = host
+        self._pending: CommandQueue[
+            tuple[CommandSpec, dict[str, Any], CommandTicket | None]
+        ] = CommandQueue()
+        # Made on the model loop (in `loaded`): set by commands and input to end an
+        # idle wait early.
+        self._wakeup: asyncio.Event | None = None
+
+    def loaded(self) -> None:
+        # On the model loop, for the loaded model and for each seat's copy of it.
+        self._wakeup = asyncio.Event()
+
+    def deliver(
+        self, session: Session, command: CommandSpec, args: dict[str, Any],
+        ticket: CommandTicket | None = None,
+    ) -> None:
+        setter = command.kind == "setter"
+        if self._pending.put((command, args, ticket), command.name if setter else None):
+            session.count_coalesced()
+        assert self._wakeup is not None
+        self._wakeup.set()
+
+    def drop_pending(self) -> None:
+        dropped = self._pending.clear()
+        self._host.command_done(sum(command.kind != "setter" for command, _, _ in dropped))
+
+    def input_arrived(self) -> None:
+        thread = self._host.thread
+        if self._wakeup is not None and thread.alive:
+            thread.call_soon(self._wakeup.set)
+
+    async def _apply_pending(self) -> None:
+        # Commands queued while the producer ran take effect here, between its units.
+        while self._pending:
+            command, args, ticket = self._pending.popleft()
+            try:
+                await self._host.apply(command, args, ticket)
+            finally:
+                if command.kind != "setter":
+                    self._host.command_done()
+
+    async def _idle_wait(self, timeout: float | None = IDLE_POLL_S) -> None:
+        """Until a command or an input frame arrives, or `timeout` (None: no limit)."""
+        assert self._wakeup is not None
+        self._wakeup.clear()
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
 
 
 async def call_model(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -15,10 +15,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from reactor_serve.interface.models import BufferClosed, _IdleType
-from reactor_serve.runtime.command_queue import CommandQueue
-from reactor_serve.runtime.input_latency import CommandTicket
-from reactor_serve.runtime.kinds.kind_driver import DriverHost, call_model
-from reactor_serve.runtime.loading.model_spec import CommandSpec
+from reactor_serve.runtime.kinds.kind_driver import (
+    DriverHost,
+    QueuedCommands,
+    call_model,
+)
 
 if TYPE_CHECKING:
     from reactor_serve.runtime.session import Session
@@ -28,36 +29,20 @@ __all__ = ["PipelineDriver"]
 log = logging.getLogger("reactor_serve.runtime")
 
 
-class PipelineDriver:
+class PipelineDriver(QueuedCommands):
     """The generator between connect and disconnect; commands between yields."""
 
     load_step = "load(config)"
-    # Idle pipelines are resumed at least this often, so models that poll input with
-    # try_read() keep up with a 30 fps camera without spinning the CPU.
-    IDLE_POLL_S = 0.01
 
     def __init__(self, host: DriverHost) -> None:
-        self._host = host
+        super().__init__(host)
         self._task: asyncio.Task[None] | None = None
-        # A slow pipeline (a block every half second) under a slider (60 values a
-        # second) would queue values it never shows: a setter replaces the waiting
-        # value of its field, so the one applied at the next yield is the newest.
-        self._pending: CommandQueue[
-            tuple[CommandSpec, dict[str, Any], CommandTicket | None]
-        ] = CommandQueue()
-        # Made on the model loop (in `load`): set by commands and input to end an
-        # idle wait early.
-        self._wakeup: asyncio.Event | None = None
 
     def create(self, config: Any) -> Any:
         return self._host.spec.cls()
 
     async def load(self, model: Any, config: Any) -> None:
         await call_model(model.load, config)
-
-    def loaded(self) -> None:
-        # On the model loop, for the loaded model and for each seat's copy of it.
-        self._wakeup = asyncio.Event()
 
     def start_session(self, session: Session) -> None:
         self._task = self._host.spawn(self._drive(session))
@@ -79,37 +64,6 @@ class PipelineDriver:
 
     def shutdown(self) -> None:
         pass
-
-    # ---- commands and input ------------------------------------------------------
-
-    def deliver(
-        self, session: Session, command: CommandSpec, args: dict[str, Any],
-        ticket: CommandTicket | None = None,
-    ) -> None:
-        setter = command.kind == "setter"
-        if self._pending.put((command, args, ticket), command.name if setter else None):
-            session.count_coalesced()
-        assert self._wakeup is not None
-        self._wakeup.set()
-
-    def drop_pending(self) -> None:
-        dropped = self._pending.clear()
-        self._host.command_done(sum(command.kind != "setter" for command, _, _ in dropped))
-
-    def input_arrived(self) -> None:
-        thread = self._host.thread
-        if self._wakeup is not None and thread.alive:
-            thread.call_soon(self._wakeup.set)
-
-    async def _apply_pending(self) -> None:
-        # Commands queued while the generator ran take effect here, between yields.
-        while self._pending:
-            command, args, ticket = self._pending.popleft()
-            try:
-                await self._host.apply(command, args, ticket)
-            finally:
-                if command.kind != "setter":
-                    self._host.command_done()
 
     # ---- the generator -----------------------------------------------------------
 
@@ -160,14 +114,6 @@ class PipelineDriver:
         finally:
             if generator is not None:
                 await _close_generator(generator)
-
-    async def _idle_wait(self) -> None:
-        assert self._wakeup is not None
-        self._wakeup.clear()
-        try:
-            await asyncio.wait_for(self._wakeup.wait(), self.IDLE_POLL_S)
-        except asyncio.TimeoutError:
-            pass
 
 
 async def _close_generator(generator: Any) -> None:

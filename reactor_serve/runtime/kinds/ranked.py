@@ -26,10 +26,8 @@ import concurrent.futures
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
-from reactor_serve.runtime.command_queue import CommandQueue
-from reactor_serve.runtime.input_latency import CommandTicket
-from reactor_serve.runtime.kinds.kind_driver import DriverHost
-from reactor_serve.runtime.loading.model_spec import CommandSpec, ModelSpec
+from reactor_serve.runtime.kinds.kind_driver import DriverHost, QueuedCommands
+from reactor_serve.runtime.loading.model_spec import ModelSpec
 from reactor_serve.runtime.ranks.model_rank import (
     ModelRank,
     RankSessionFailed,
@@ -100,16 +98,14 @@ def _nothing() -> None:
     return None
 
 
-class RankedDriver:
-    """Steps every rank through each session, in lockstep."""
+class RankedDriver(QueuedCommands):
+    """Steps every rank through each session, in lockstep. Commands queue between
+    steps, as a pipeline's between yields."""
 
     load_step = "load(config) on its ranks"
-    # A step that made nothing (the model idles) is followed by the next at most this
-    # long after, sooner when input or a command arrives.
-    IDLE_POLL_S = 0.01
 
     def __init__(self, host: DriverHost, *, model_dir: str, ranks: int, mode: RankMode) -> None:
-        self._host = host
+        super().__init__(host)
         self._model_dir = model_dir
         self._ranks = ranks
         self._mode = mode
@@ -118,10 +114,6 @@ class RankedDriver:
         # the session's end are taken while a step runs.
         self._calls = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reactor-ranks")
         self._task: asyncio.Task[None] | None = None
-        self._pending: CommandQueue[
-            tuple[CommandSpec, dict[str, Any], CommandTicket | None]
-        ] = CommandQueue()
-        self._wakeup: asyncio.Event | None = None
         # The ranks hold an open session (opened and not closed yet).
         self._open = False
 
@@ -142,9 +134,6 @@ class RankedDriver:
         # Blocks the model loop, as any model's load does.
         runner.start()
         self._runner = runner
-
-    def loaded(self) -> None:
-        self._wakeup = asyncio.Event()
 
     def shutdown(self) -> None:
         self._calls.shutdown(wait=False, cancel_futures=True)
@@ -176,32 +165,13 @@ class RankedDriver:
     async def join(self, session: Session) -> None:
         pass
 
-    # ---- commands and input ------------------------------------------------------------
-
-    def deliver(
-        self, session: Session, command: CommandSpec, args: dict[str, Any],
-        ticket: CommandTicket | None = None,
-    ) -> None:
-        setter = command.kind == "setter"
-        if self._pending.put((command, args, ticket), command.name if setter else None):
-            session.count_coalesced()
-        self._wake()
+    # ---- commands ----------------------------------------------------------------------
 
     def drop_pending(self) -> None:
-        dropped = self._pending.clear()
-        self._host.command_done(sum(command.kind != "setter" for command, _, _ in dropped))
+        super().drop_pending()
         model = self._host.model
         if isinstance(model, RankedModel):
-            model.take()
-
-    def input_arrived(self) -> None:
-        thread = self._host.thread
-        if self._wakeup is not None and thread.alive:
-            thread.call_soon(self._wake)
-
-    def _wake(self) -> None:
-        if self._wakeup is not None:
-            self._wakeup.set()
+            model.take()  # applied to the stand-in, not carried to the ranks yet
 
     # ---- the steps ---------------------------------------------------------------------
 
@@ -218,7 +188,7 @@ class RankedDriver:
                     self._took(session, answer)
                     frames = self._arrived()
                     if not frames:
-                        await self._wait(None)
+                        await self._idle_wait(None)
                         continue
                     answer = await self._call(("feed", frames))
                 if not self._took(session, answer) or session.stopping:
@@ -226,7 +196,7 @@ class RankedDriver:
                 if answer.items:
                     await host.emit_items(answer.items, answer.elapsed_s)
                 elif not await host.stepped_idle():
-                    await self._wait(self.IDLE_POLL_S)
+                    await self._idle_wait()
         except asyncio.CancelledError:
             raise
         except RankSessionFailed as exc:
@@ -254,16 +224,6 @@ class RankedDriver:
             return False
         return True
 
-    async def _apply_pending(self) -> None:
-        # Each applied command is written down by the stand-in, in order, for the step.
-        while self._pending:
-            command, args, ticket = self._pending.popleft()
-            try:
-                await self._host.apply(command, args, ticket)
-            finally:
-                if command.kind != "setter":
-                    self._host.command_done()
-
     def _arrived(self) -> dict[str, list[Any]]:
         """The input frames that arrived since the last step, by track."""
         frames = {}
@@ -272,14 +232,6 @@ class RankedDriver:
             if drained:
                 frames[name] = drained
         return frames
-
-    async def _wait(self, timeout: float | None) -> None:
-        assert self._wakeup is not None
-        self._wakeup.clear()
-        try:
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
 
     async def _call(self, request: tuple[Any, ...]) -> RankStep:
         runner = self._runner

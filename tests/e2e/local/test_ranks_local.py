@@ -1,19 +1,26 @@
 """A multi-rank model on `reactor run`, over real WebRTC: the split painter example with
 R = 2 and 3 rank processes in a real gloo group. Frames stream, every rank logs the
 same steps, a killed or stopped rank ends the session naming it and the next session
-works, and nothing is left behind."""
+works (for the ranked filter example too, whose own class runs on every rank), and
+nothing is left behind."""
 
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from paths import EXAMPLES
-from rank_processes import model_copy, rank_pids, wait_for_ranks, wait_until_gone
+from rank_processes import (
+    check_failure_named,
+    fail_rank,
+    model_copy,
+    rank_pids,
+    wait_for_ranks,
+    wait_until_gone,
+)
 
 from reactor_serve.client import connect
 
@@ -84,30 +91,25 @@ async def test_a_multi_rank_model_streams_and_every_rank_sees_the_same_steps(
 
 
 @pytest.mark.parametrize("failure", ["killed", "stopped"])
+@pytest.mark.parametrize("example, timeout_key", [
+    ("split_painter", "step_timeout_s"),          # a runner inside the model
+    ("ranked_filter", "rank_step_timeout_s"),     # the model on every rank
+])
 async def test_a_failed_rank_ends_the_session_naming_it_and_the_next_session_works(
-    reactor_run, tmp_path, failure
+    reactor_run, tmp_path, failure, example, timeout_key
 ):
-    run = reactor_run(painter_copy(tmp_path, step_timeout_s=2.0), "--ranks", "2")
+    run = reactor_run(model_copy(EXAMPLES / example, tmp_path, **{timeout_key: 2.0}),
+                      "--ranks", "2")
     pids = wait_for_ranks(run.process.pid, 2)
     client = await connect(run.url)
     try:
         await painted_frame(client)
         victim = pids[1]
-        if failure == "killed":
-            os.kill(victim, signal.SIGKILL)
-        else:
-            os.kill(victim, signal.SIGSTOP)  # alive, and never answers again
+        fail_rank(victim, failure)
         ended = await client.next_message("sessionEnded", scope="runtime", after=0, timeout=30)
     finally:
         await client.close()
-    assert ended["data"]["reason"] == "error"
-    message = ended["data"]["message"]
-    if failure == "killed":
-        assert "WorkerCrashed" in message and f"rank 1 (pid {victim})" in message, message
-        assert "SIGKILL" in message, message
-    else:
-        assert "WorkerTimeout" in message and "no answer within 2 s" in message, message
-        assert "1 (stopped by a signal)" in message, message
+    check_failure_named(ended, failure, victim, rank=1, timeout_s=2)
     # Every rank of the failed group is gone; the model restarted with fresh ones.
     fresh = wait_for_ranks(run.process.pid, 2, avoid=set(pids.values()))
     wait_until_gone(pids.values())

@@ -27,6 +27,20 @@ def rank_logs(logs: Path, ranks: int) -> list[list[str]]:
     return [(logs / f"rank-{rank}.log").read_text().splitlines() for rank in range(ranks)]
 
 
+async def a_gpu_each(model: str, logs: Path, ranks: int) -> list[list[str]]:
+    """Check that the session's replica holds one GPU per rank and that each rank saw
+    one of them only, on the CPU; each rank's log header, split."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        listed = (await http.get(f"{model}/sessions", headers=OPERATOR)).json()["sessions"]
+    [session] = listed
+    assert len(session["gpu_ids"]) == ranks
+    headers = [log[0].split() for log in rank_logs(logs, ranks)]
+    seen = sorted(header[header.index("gpu") + 1] for header in headers)
+    assert seen == sorted(str(g) for g in session["gpu_ids"]), (headers, session)
+    assert all(header[header.index("device") + 1] == "cpu" for header in headers)
+    return headers
+
+
 async def painted_frame(client, timeout=30.0):
     deadline = time.monotonic() + timeout
     while (image := (await client.next_frame()).image).shape != (96, 128, 3):
@@ -54,15 +68,7 @@ async def test_each_rank_gets_a_gpu_of_the_replica_and_a_killed_rank_restarts_th
             deadline = time.monotonic() + 20
             while abs(float((await client.next_frame()).image.mean()) - float(first.mean())) < 8:
                 assert time.monotonic() < deadline, "the hue command never showed"
-            async with httpx.AsyncClient(timeout=10) as http:
-                listed = (await http.get(f"{model}/sessions", headers=OPERATOR)).json()["sessions"]
-            [session] = listed
-            # The replica holds one GPU per rank, and each rank sees one of them only.
-            assert len(session["gpu_ids"]) == ranks
-            headers = [log[0].split() for log in rank_logs(logs, ranks)]
-            seen = sorted(header[header.index("gpu") + 1] for header in headers)
-            assert seen == sorted(str(g) for g in session["gpu_ids"]), (headers, session)
-            assert all(header[header.index("device") + 1] == "cpu" for header in headers)
+            headers = await a_gpu_each(model, logs, ranks)
             victim = int(headers[1][headers[1].index("pid") + 1])
             os.kill(victim, signal.SIGKILL)
             ended = await client.next_message("sessionEnded", scope="runtime", after=0, timeout=30)
@@ -123,13 +129,7 @@ async def test_a_model_run_on_every_rank_streams_through_serve_and_restarts_its_
             client.send_command("set_strength", {"strength": 0.5})
             for _ in range(20):
                 await client.next_frame()
-            async with httpx.AsyncClient(timeout=10) as http:
-                listed = (await http.get(f"{model}/sessions", headers=OPERATOR)).json()["sessions"]
-            [session] = listed
-            assert len(session["gpu_ids"]) == ranks
-            headers = [log[0].split() for log in rank_logs(logs, ranks)]
-            seen = sorted(header[header.index("gpu") + 1] for header in headers)
-            assert seen == sorted(str(g) for g in session["gpu_ids"]), (headers, session)
+            headers = await a_gpu_each(model, logs, ranks)
             # Every rank's model ran the same steps on the same camera frames, the
             # event and the new strength at the same step.
             steps = [log[1:] for log in rank_logs(logs, ranks)]
