@@ -452,10 +452,13 @@ class ModelHost:
             # The runner stopped its ranks: this load cannot serve another session,
             # from now on (a session opening while this one ends is refused)...
             owner.broken = f"{type(failure).__name__}: {failure}"
-        await self._disconnect(session, EndReason.ERROR, f"{where} raised {type(exc).__name__}: {exc}")
-        if owner.broken is not None and owner.on_broken is not None:
-            # ...and once the session's end is sent, the process hosting it may go.
-            owner.on_broken(owner.broken)
+        try:
+            await self._disconnect(session, EndReason.ERROR,
+                                   f"{where} raised {type(exc).__name__}: {exc}")
+        finally:
+            if owner.broken is not None and owner.on_broken is not None:
+                # ...and once the session's end is sent, the process hosting it may go.
+                owner.on_broken(owner.broken)
 
     def _schedule_fail(self, session: Session, where: str, exc: BaseException) -> None:
         # From inside a task that _disconnect would cancel: end the session from a task

@@ -152,9 +152,12 @@ class _Worker:
                 if os.getppid() != self.parent_pid:
                     log.error("the media process is gone: the model process exits")
                     self.done.set()
-                elif self.host is not None and not self.host.healthy:
+                elif (self.host is not None and self.host.broken is None
+                      and not self.host.healthy):
                     # sys.exit() or KeyboardInterrupt in model code ends its loop; a
                     # new process is the way back, and the media process starts one.
+                    # (A host whose ranks broke is ended by `_broken`, once the session
+                    # it broke in has been told why: not from here, before that.)
                     log.error("the model's thread has ended: the model process exits")
                     self.failed = True
                     self.done.set()

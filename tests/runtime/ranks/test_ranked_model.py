@@ -6,7 +6,9 @@ own errors end the session and keep the ranks, ranks that disagree restart them 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import time
 
 import numpy as np
@@ -197,3 +199,18 @@ def test_a_batched_model_is_refused_on_every_rank_saying_why(tmp_path):
             host.start(60)
     finally:
         host.shutdown()
+
+
+async def test_a_killed_rank_ends_the_session_naming_it_before_the_model_process_goes(echo):
+    # The model process exits on broken ranks only once the session was told why: its
+    # watchdog must not take the broken host for a dead one and leave first.
+    host = echo()
+    victim = host.rank_processes()[0].pid
+    sink = Sink()
+    await host.open_session(sink)
+    await frames(host, 2)
+    os.kill(victim, signal.SIGKILL)
+    reason, detail = await ended(host, sink)
+    assert reason == "error"
+    assert f"WorkerCrashed: generate: rank 0 (pid {victim}) was killed by SIGKILL" in detail, \
+        detail
