@@ -40,6 +40,7 @@ from reactor_serve.runtime.session import EndReason
 from reactor_serve.runtime.startup_heap import freeze_startup_heap
 from reactor_serve.serve import metrics
 from reactor_serve.serve.policy import SEATS_USED_METRIC
+from reactor_serve.serve.seat_router import STARTED_AT_STAT
 from reactor_serve.serve.session_directory import SessionDirectory
 from reactor_serve.sessions.contract import AnswerPending, ClientIdentity, SessionState
 from reactor_serve.sessions.seated_sessions import SeatedSessionBackend
@@ -102,6 +103,8 @@ class ModelReplica:
         # from before the session exists, so the policy never sees a just-routed
         # session's replica as idle.
         self._seat_calls = 0
+        # When this replica started, for the routers to know the oldest (seat_router.py).
+        self._started_at = time.time()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._metrics = metrics.ReplicaMetrics(model_name, seats=len(self.host.seats))
         # With auth required: every state change of its sessions, in the usage ledger,
@@ -132,6 +135,12 @@ class ModelReplica:
             raise RuntimeError(f"model {self.model_name!r}: {why}")
 
     # ---- the slot ---------------------------------------------------------------
+
+    def record_routing_stats(self) -> dict[str, float]:
+        """Serve's routing statistics hook: when this replica started. Every router
+        (one per ingress replica) then agrees which replica is the oldest, whenever it
+        first saw them."""
+        return {STARTED_AT_STAT: self._started_at}
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metric hook: the seats in use, for the policy.

@@ -4,9 +4,9 @@ A replica with `sessions_per_replica: N` takes N session calls at once
 (`max_ongoing_requests: N`). Serve's default router picks the less busy of two random
 replicas, which spreads sessions thinly: every replica ends up with a session or two,
 so none is ever idle for the autoscaling policy to let go, and warm spares get used up
-by sessions that had a seat elsewhere. This router packs instead, first fit in the
-order Serve keeps replicas in: a session takes a free seat on the oldest replica that
-has one. Serve stops the newest replicas first when it scales down, so the newest are
+by sessions that had a seat elsewhere. This router packs instead, first fit by age: a
+session takes a free seat on the oldest replica that has one (each replica reports
+when it started in its routing statistics). Serve stops the newest replicas first when it scales down, so the newest are
 the ones left idle, and a replica that is the newest while it holds sessions gets no
 more of them and empties as they end. The autoscaling policy (serve/policy.py) lets a
 replica go only once it is idle; together they mean a scale-down stops an idle
@@ -20,6 +20,8 @@ Requests keep Serve's FIFO order (`FIFOMixin`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ray.serve.request_router import (
     FIFOMixin,
     PendingRequest,
@@ -27,28 +29,52 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-__all__ = ["SEAT_ROUTER_IMPORT_PATH", "SeatPackingRouter", "packing_order"]
+__all__ = [
+    "SEAT_ROUTER_IMPORT_PATH", "STARTED_AT_STAT", "SeatPackingRouter", "age_keys",
+    "packing_order",
+]
 
 # What a model deployment's `request_router_config.request_router_class` names.
 SEAT_ROUTER_IMPORT_PATH = "reactor_serve.serve.seat_router:SeatPackingRouter"
+# The routing statistic a model replica reports its start (wall-clock seconds) in.
+STARTED_AT_STAT = "started_at"
+
+
+def age_keys(
+    started: dict[str, float | None], first_seen: dict[str, int]
+) -> dict[str, tuple[int, float]]:
+    """Per replica, a key that sorts the oldest first: when it started, as it reports
+    in its routing statistics, so every router (one per ingress replica) agrees; a
+    replica that has not reported yet comes after every one that has (it is new), in
+    the order this router first saw it."""
+    return {
+        rid: (0, at) if at is not None else (1, float(first_seen.get(rid, 0)))
+        for rid, at in started.items()
+    }
+
+
+def _started_at(replica: RunningReplica) -> float | None:
+    stats = getattr(replica, "routing_stats", None) or {}
+    value = stats.get(STARTED_AT_STAT) if isinstance(stats, dict) else None
+    return float(value) if isinstance(value, (int, float)) and value == value else None
 
 
 def packing_order(
     seats_used: dict[str, int | None], seats: dict[str, int],
-    seen: dict[str, int] | None = None,
+    seen: dict[str, Any] | None = None,
 ) -> list[str]:
     """Replica ids, those with a free seat (or an unknown count) oldest first, then
-    the full ones (tried last: Serve's figure may be stale). `seen` says when each was
-    first seen, smaller being older; other ties keep the given order.
+    the full ones (tried last: Serve's figure may be stale). `seen` gives each an age
+    key (`age_keys`), smaller being older; other ties keep the given order.
 
     First fit by age rather than fullest first: the fullest replica may be the newest,
     the one Serve stops first, and sessions sent there would keep it busy while an
     older replica idles."""
     seen = seen or {}
 
-    def key(replica: str) -> tuple[int, int]:
-        full = (seats_used.get(replica) or 0) >= seats[replica]
-        return (int(full), seen.get(replica, 0))
+    def key(replica: str) -> tuple[Any, ...]:
+        full = int((seats_used.get(replica) or 0) >= seats[replica])
+        return (full, seen[replica]) if replica in seen else (full,)
 
     return sorted(seats_used, key=key)
 
@@ -86,5 +112,6 @@ class SeatPackingRouter(FIFOMixin, RequestRouter):
         by_id = {str(r.replica_id): r for r in candidate_replicas}
         used = {rid: cache.get(r.replica_id) for rid, r in by_id.items()}
         seats = {rid: r.max_ongoing_requests for rid, r in by_id.items()}
-        seen = self._ages(list(by_id))
+        seen = age_keys({rid: _started_at(r) for rid, r in by_id.items()},
+                        self._ages(list(by_id)))
         return [[by_id[rid]] for rid in packing_order(used, seats, seen)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reactor_serve.serve.seat_router import SeatPackingRouter, packing_order
+from reactor_serve.serve.seat_router import SeatPackingRouter, age_keys, packing_order
 
 
 def test_the_oldest_replica_with_a_free_seat_comes_first_then_the_full_ones() -> None:
@@ -43,3 +43,12 @@ async def test_the_router_remembers_the_order_it_first_saw_replicas_in() -> None
         router._ages(["a", "c", f"gone{n}"])
     ages = router._ages(["a", "c"])
     assert ages["a"] == 0 and ages["c"] == 2 and len(ages) <= 4 * 3 + 16
+
+
+def test_replicas_are_aged_by_when_they_started_whatever_order_a_router_first_saw_them() -> None:
+    # A router that first routes once both replicas run (another ingress replica's) may
+    # see them in any order: their own start times settle which is the oldest. One that
+    # has not reported yet is the newest.
+    keys = age_keys({"new": 200.0, "quiet": None, "old": 100.0}, {"new": 0, "old": 1, "quiet": 2})
+    used, seats = {"new": 1, "quiet": 0, "old": 1}, {"new": 2, "quiet": 2, "old": 2}
+    assert packing_order(used, seats, keys) == ["old", "new", "quiet"]
