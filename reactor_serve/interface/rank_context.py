@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RankContext", "bind_rank", "get_rank"]
+__all__ = ["RankContext", "bind_rank", "get_rank", "visible_device"]
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,11 @@ def get_rank() -> RankContext:
     this process sees, else the CPU."""
     if _bound is not None:
         return _bound
-    return RankContext(0, 1, _default_device())
+    return RankContext(0, 1, visible_device())
 
 
-def _default_device() -> str:
+def visible_device() -> str:
+    """The first GPU this process sees ("cuda:0"; a rank sees its own only), else "cpu"."""
     try:
         import torch
     except ImportError:

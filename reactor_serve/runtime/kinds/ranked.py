@@ -117,10 +117,6 @@ class RankedDriver(QueuedCommands):
         # The ranks hold an open session (opened and not closed yet).
         self._open = False
 
-    @property
-    def runner(self) -> DistributedRunner | None:
-        return self._runner
-
     # ---- the model's life --------------------------------------------------------------
 
     def create(self, config: Any) -> Any:

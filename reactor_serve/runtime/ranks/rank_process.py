@@ -25,7 +25,7 @@ import time
 import traceback
 from typing import Any
 
-from reactor_serve.interface.rank_context import RankContext, bind_rank
+from reactor_serve.interface.rank_context import RankContext, bind_rank, visible_device
 from reactor_serve.runtime.isolation.frame_ring import FrameReader
 from reactor_serve.runtime.isolation.process_channel import (
     ChannelClosed,
@@ -97,12 +97,13 @@ class _Rank:
     def _build(self, setup: RankSetup) -> bool:
         try:
             self.result_rank = setup.result_rank
-            bind_rank(RankContext(self.rank, self.world_size, _device(), setup.result_rank))
+            device = visible_device()
+            bind_rank(RankContext(self.rank, self.world_size, device, setup.result_rank))
             worker_cls = _import_worker(setup)
             worker = worker_cls()
             worker.rank = self.rank
             worker.world_size = self.world_size
-            worker.device = _device()
+            worker.device = device
             if setup.store_port is not None:
                 self._join_group(setup, worker.device)
             worker.load(**setup.load_kwargs)
@@ -168,15 +169,6 @@ def _import_worker(setup: RankSetup) -> type:
     for part in setup.qualname.split("."):
         target = getattr(target, part)
     return target
-
-
-def _device() -> str:
-    """This rank's device: its one visible GPU, else the CPU."""
-    try:
-        import torch
-    except ImportError:
-        return "cpu"
-    return "cuda:0" if torch.cuda.is_available() else "cpu"
 
 
 def _watch_parent(parent_pid: int) -> None:
