@@ -321,3 +321,39 @@ def database_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'access.sqlite3'}"
     return request.getfixturevalue("postgres").new_database()
+
+
+# --------------------------------------------------------------------------- e2e and workers
+
+# The fixtures that start a whole server outside the test's process. A test that uses
+# one, directly or through another fixture, is end-to-end, whatever folder it is in:
+# marking by what a test uses keeps a new test from slipping into the inner loop.
+SERVER_FIXTURES = frozenset({
+    "ray_serve", "serve_examples", "reactor_run", "browser", "page", "postgres", "coturn",
+})
+E2E_ROOT = Path(__file__).parent / "e2e"
+# The pytest-xdist group of every test that needs the test session's Ray Serve. Each
+# worker is a test session of its own, and a local Ray with Serve running holds a share
+# of the machine's cores even when idle: one worker runs all of them, on one Ray.
+RAY_GROUP = "ray-serve"
+
+
+def _starts_a_server(item: pytest.Item) -> bool:
+    if item.path.is_relative_to(E2E_ROOT) or SERVER_FIXTURES & set(item.fixturenames):
+        return True
+    # database_url asks for PostgreSQL only in its "postgresql" case.
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("database_url") == "postgresql"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark end-to-end tests `e2e`, and group tests for pytest-xdist's loadgroup: the
+    Ray Serve tests together, every other module's tests together (so a module-scoped
+    server starts once, on one worker). A test module may name its own group."""
+    grouping = config.pluginmanager.hasplugin("xdist")
+    for item in items:
+        if _starts_a_server(item):
+            item.add_marker(pytest.mark.e2e)
+        if grouping and item.get_closest_marker("xdist_group") is None:
+            group = RAY_GROUP if "ray_serve" in item.fixturenames else item.path.name
+            item.add_marker(pytest.mark.xdist_group(group))
