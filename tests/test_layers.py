@@ -328,8 +328,9 @@ def _loaded_after_importing(layers: tuple[str, ...], watched: tuple[str, ...]) -
         f"watched = {watched!r}\n"
         "print(sorted(m for m in sys.modules if m in watched or m.startswith(tuple(w + '.' for w in watched))))\n"
     )
+    # A fresh interpreter importing aiortc and the rest: the bound only stops a hang.
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return eval(result.stdout.strip())  # a list literal printed by the child
 

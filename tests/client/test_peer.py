@@ -34,8 +34,9 @@ async def test_stats_are_kept_and_mark_the_server_as_one_that_sends_them():
 
 async def test_a_message_taken_in_wakes_a_waiter():
     peer = ClientPeer({"tracks": []})
-    waiting = asyncio.ensure_future(peer.next_message("sessionEnded", scope="runtime", timeout=5))
-    await asyncio.sleep(0)
+    # The timeout only stops a hang; the message is taken in at once below.
+    waiting = asyncio.ensure_future(peer.next_message("sessionEnded", scope="runtime", timeout=30))
+    await asyncio.sleep(0)  # a loop turn, not wall time: the waiter starts waiting
     peer.add_message(runtime("sessionEnded", {"reason": "client_closed"}))
     assert (await waiting)["data"] == {"reason": "client_closed"}
 
@@ -59,15 +60,16 @@ async def test_a_session_that_ends_before_its_channel_opens_ends_the_connect_at_
         if len(asked) == 2:
             raise LookupError("the session ended")
 
-    peer.STILL_ON_INTERVAL_S = 0.05
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+    peer.STILL_ON_INTERVAL_S = 0.05  # the product's poll interval, made short
+    # That the attempt ended on still_on()'s error, and not on connect()'s own
+    # timeout, is told by the error itself (a timeout raises TimeoutError), not by
+    # how soon it came: speed is for benchmarks.
     try:
-        await peer.connect(signal, timeout=30, still_on=still_on)
+        await peer.connect(signal, timeout=60, still_on=still_on)
     except LookupError as exc:
         assert str(exc) == "the session ended"
     else:
         raise AssertionError("connect() returned on a channel that never opened")
     finally:
         await peer.close()
-    assert loop.time() - started < 10 and len(asked) == 2
+    assert asked == [1, 1]  # asked until it raised, and not once more

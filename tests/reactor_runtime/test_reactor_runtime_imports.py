@@ -115,5 +115,6 @@ def test_get_ctx_outside_a_session_raises_on_another_thread():
 
     thread = threading.Thread(target=worker)
     thread.start()
-    thread.join()
+    thread.join(60)  # a bound only a hang outlasts
+    assert not thread.is_alive(), "get_ctx() on another thread did not return"
     assert len(errors) == 1

@@ -90,7 +90,7 @@ class LiveHolders:
 
     def get_actor(self, name: str, namespace: str | None = None) -> object:
         self.asked.set()
-        self.go_on.wait(10)
+        self.go_on.wait(60)  # held until the test lets it go on; the bound only stops a hang
         if name not in self.alive:
             raise ValueError(name)
         return object()
@@ -162,7 +162,7 @@ async def test_a_poll_that_read_the_wait_just_before_it_ended_still_gets_the_pos
     # B has read the record (waiting, held by A) and asks whether A is alive...
     holders.go_on.clear()
     poll = asyncio.create_task(queue_status(b, session_id))
-    assert await asyncio.to_thread(holders.asked.wait, 10)
+    assert await asyncio.to_thread(holders.asked.wait, 60), "B never asked whether A is alive"
     # ...while A's wait ends, and everything A does about it lands.
     model.answer({"type": "rejected", "kind": "OfferRejected", "status": 400,
                   "detail": "the offer has no video"})
@@ -238,7 +238,11 @@ class SlotModel:
         return call
 
     async def called(self, session_id: str) -> SlotCall:
+        # Loop turns until the queue's task calls; the deadline only stops a hang.
+        deadline = asyncio.get_running_loop().time() + 30
         while session_id not in self.calls:
+            assert asyncio.get_running_loop().time() < deadline, (
+                f"the queue never called the model for {session_id}")
             await asyncio.sleep(0)
         return self.calls[session_id]
 
@@ -296,7 +300,8 @@ async def waiting_session(parts: SimpleNamespace) -> str:
 
 
 async def settled(queue: AdmissionQueue) -> None:
-    """Let what the queue does in the background (publishing positions) land."""
+    """Let what the queue does in the background (publishing positions) land: loop
+    turns and the background tasks themselves, not wall time."""
     for _ in range(5):
         await asyncio.sleep(0)
         await asyncio.gather(*queue._background)
@@ -330,7 +335,7 @@ async def test_positions_follow_the_queue_and_are_published_as_it_moves(queue_pa
         assert parts.directory.positions[session_id]["position"] == index + 1
 
     parts.model.calls[sessions[0]].send({"type": "placed"})
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # a loop turn, not wall time: the wait reads the reply
     await settled(parts.queue)
 
     assert [parts.directory.positions[s]["position"] for s in sessions[1:]] == [1, 2]
@@ -373,6 +378,7 @@ async def test_a_poll_elsewhere_reads_the_published_position_and_the_time_waited
 
 async def test_a_wait_that_times_out_ends_the_session_with_a_503_to_retry(queue_parts):
     parts = queue_parts
+    # The admission timeout under test; the test awaits the wait's end, not a time.
     parts.timeout["s"] = 0.01
     session_id = await waiting_session(parts)
     await parts.queue._waits[session_id]
@@ -454,6 +460,7 @@ async def test_an_unclaimed_wait_names_this_replica_in_the_record(queue_parts):
     # Admitting a session already held here starts no second call.
     call = parts.model.calls[session_id]
     parts.queue.admit(session_id)
+    # A negative check after a loop turn: a second call would have started in it.
     await asyncio.sleep(0)
     assert parts.model.calls[session_id] is call
 
@@ -499,6 +506,8 @@ class ReadModifyWriteDirectory(MemoryDirectory):
     whole, with the loop free in between (each GCS call is a thread hop)."""
 
     async def get(self, session_id: str) -> dict[str, Any] | None:
+        # Frees the loop as a GCS hop does, so the callers interleave; the outcome must
+        # not depend on how long the hop takes, and nothing asserts on it.
         await asyncio.sleep(0.005)
         return await super().get(session_id)
 
@@ -507,7 +516,7 @@ class ReadModifyWriteDirectory(MemoryDirectory):
         if record is None:
             return None
         record.update(fields)
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # the hop between read and write, as in get()
         await self.put(session_id, record)
         return record
 

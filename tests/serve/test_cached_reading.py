@@ -39,7 +39,7 @@ async def test_concurrent_callers_of_a_stale_reading_share_one_read():
     reading = CachedReading(source.read, 2.0, clock=lambda: 0.0)
 
     callers = [asyncio.create_task(reading.get()) for _ in range(5)]
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn, not wall time: every caller starts in it
     source.gate.set()
 
     assert await asyncio.gather(*callers) == [1] * 5

@@ -159,6 +159,8 @@ async def test_a_replica_that_dies_during_the_call_ends_the_session():
 
 
 async def test_a_replica_that_does_not_answer_is_unavailable_for_now(monkeypatch):
+    # The product's call timeout, made short: the silent replica never answers, so no
+    # machine's speed changes the outcome.
     monkeypatch.setattr(ReplicaCalls, "TIMEOUT_S", 0.01)
     directory = MemoryDirectory()
     calls = ReplicaCalls(directory, get_actor=Actors(**{"replica-1": FakeReplica("silent")}).get)

@@ -50,6 +50,7 @@ async def test_inputs_are_received_only_by_an_answerer_that_receives_them(receiv
         {"mid": "0", "name": "main_video", "kind": "video", "direction": "recvonly"},
         {"mid": "1", "name": "webcam", "kind": "video", "direction": "sendonly"},
     ]  # mid 2 is outside the mapping
+    # close_timeout_s: the product's bound on closing; nothing here asserts it.
     answerer = OfferAnswerer(WebRTCSettings(loopback_candidates=True), close_timeout_s=5.0,
                              receives_inputs=receives_inputs, what="the offer", label="test")
     pc = answerer.connection("key")
@@ -77,6 +78,7 @@ async def test_inputs_are_received_only_by_an_answerer_that_receives_them(receiv
 
 async def test_a_failed_negotiation_is_an_offer_rejected_naming_the_caller():
     client, sdp = await client_offer("recvonly")
+    # close_timeout_s: the product's bound on closing; nothing here asserts it.
     answerer = OfferAnswerer(WebRTCSettings(), close_timeout_s=5.0, receives_inputs=False,
                              what="the viewer's offer", label="test")
     pc = answerer.connection("key")
@@ -99,8 +101,15 @@ async def test_closing_is_bounded_by_the_callers_timeout(caplog):
         async def close(self):
             await release.wait()
 
+    # The 0.05 s is the bound under test. That close() returns at all, with the pc
+    # stuck for good, is the bound; how soon is for benchmarks, so the deadline here
+    # only stops a hang.
     answerer = OfferAnswerer(WebRTCSettings(), close_timeout_s=0.05, receives_inputs=False,
                              what="x", label="session s")
-    await asyncio.wait_for(answerer.close(StuckPc()), 2.0)
+    try:
+        await asyncio.wait_for(answerer.close(StuckPc()), 60)
+    except asyncio.TimeoutError:
+        raise AssertionError("close() waited for a pc that never closes") from None
+    assert not release.is_set()
     assert "did not close within" in caplog.text
     release.set()

@@ -26,7 +26,7 @@ class FakeTime:
             if deadline <= self.now and not future.done():
                 self.waiters.remove((deadline, future))
                 future.set_result(None)
-        for _ in range(5):
+        for _ in range(5):  # loop turns, not wall time: the woken waiters run
             await asyncio.sleep(0)
 
 

@@ -27,7 +27,7 @@ class Host:
 
     async def step(self, session, state, commands):
         self.calls.append((state, commands, list(session.inputs)))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # a step's simulated work; no test times it
         level = int(commands[-1][1]["level"]) if commands else 7
         for _ in range(self.frames):
             await self.buffer.put([FrameItem({"main_video": np.full((4, 6, 3), level, np.uint8)})], False)
@@ -80,11 +80,13 @@ def raw(height=4, width=6, data=None, **kw):
 
 
 async def answered(sent, count):
-    for _ in range(500):
+    # The deadline only stops a hang on a loaded machine.
+    deadline = asyncio.get_running_loop().time() + 30
+    while asyncio.get_running_loop().time() < deadline:
         if len(sent) >= count:
             return [m.step_result for m in sent]
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{len(sent)} answers")
+        await asyncio.sleep(0.01)  # the poll interval; the deadline is the bound
+    raise AssertionError(f"{count} step answers did not come: {len(sent)} did")
 
 
 async def test_a_step_answers_with_every_frame_of_its_unit_even_past_the_buffer():

@@ -41,9 +41,16 @@ class Receiver:
         return [p.to_ndarray(format="rgb24") for p in pictures], stamp
 
 
+# Encoding on a loaded machine: only a bound for a test that would otherwise hang.
+WAIT_S = 60.0
+
+
 async def sent(track, image, pts, metadata):
     track.offer(image, pts, None, metadata)
-    return await asyncio.wait_for(track.recv(), 10)
+    try:
+        return await asyncio.wait_for(track.recv(), WAIT_S)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"the frame offered at pts {pts} was not sent") from None
 
 
 @pytest.mark.parametrize("codec", ["vp8", "h264"])
@@ -87,6 +94,7 @@ async def test_a_paused_track_sends_nothing_and_resumes_at_a_keyframe():
         await sent(track, picture(60), 3000, None)
         track.pause()
         track.offer(picture(70), 6000, None, b"unseen")
+        # A negative check: a slow machine only encodes less meanwhile.
         await asyncio.sleep(0.3)
         assert track._queue.empty()
         track.resume()
@@ -101,11 +109,14 @@ async def test_a_paused_track_sends_nothing_and_resumes_at_a_keyframe():
 class ReportingSender:
     """A sender whose receiver reports say what `losses` lists, one per report."""
 
-    def __init__(self, losses):
+    def __init__(self, losses, observe=None):
         self.losses = list(losses)
         self.report = None
+        self.observe = observe
 
     async def getStats(self):
+        if self.observe is not None:
+            self.observe()  # what the last report made of the rate, before the next one
         if self.losses:
             self.report = RTCRemoteInboundRtpStreamStats(
                 timestamp=datetime.datetime.now(), type="remote-inbound-rtp", id="r", ssrc=1,
@@ -117,17 +128,24 @@ class ReportingSender:
 async def test_the_encoders_bitrate_follows_the_loss_the_receiver_reports():
     track = StampedVideoTrack("main_video")
     track.start("vp8", 1000, fps_hint=30, keyframe_interval_s=60)
-    sender = ReportingSender([0.0, 0.0] + [0.5] * 8)
+    rates = []
+
+    def observe():
+        if not rates or rates[-1] != track.encoder.bitrate:
+            rates.append(track.encoder.bitrate)
+
+    # Every rate is read when the next report is asked for, so none is missed
+    # however the loop is scheduled; the poll below only waits for the end.
+    sender = ReportingSender([0.0, 0.0] + [0.5] * 8, observe)
     following = asyncio.create_task(
         track.follow_loss(sender, LossRateControl(1_000_000, 300_000, 1_200_000), every_s=0.02))
     try:
-        rates = []
-        for _ in range(200):
-            await asyncio.sleep(0.01)
-            if not rates or rates[-1] != track.encoder.bitrate:
-                rates.append(track.encoder.bitrate)
-            if not sender.losses and track.encoder.bitrate == 300_000:
-                break
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while sender.losses or track.encoder.bitrate != 300_000:
+            assert asyncio.get_running_loop().time() < deadline, (
+                f"the rate did not settle at the floor after the reported losses: {rates}")
+            await asyncio.sleep(0.01)  # the poll interval; the deadline is the bound
+        observe()
         assert rates[0] == 1_000_000 and max(rates) > 1_000_000 and rates[-1] == 300_000
         # The encoder starts afresh at the new rate: the next packet is a keyframe.
         packet = await sent(track, picture(40), 0, None)

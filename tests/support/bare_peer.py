@@ -28,11 +28,14 @@ def _v1_ping() -> bytes:
 V1_PING = _v1_ping()
 
 
+CONNECT_S = 60.0
+
+
 async def wait_for(predicate: Any, timeout: float, what: str) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the poll interval of a wait with a deadline
 
 
 @dataclass
@@ -108,10 +111,12 @@ async def open_bare_peer(
     client.chunked = chunking is not None and dc_chunking.offered_limit(answer) is not None
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
     client.receiving = asyncio.ensure_future(receive())
-    await wait_for(lambda: client.data.readyState == client.control.readyState == "open", 15,
-                   "both channels open")
+    # ICE, DTLS and the first frames on a loaded machine: a wait for each, bounded only
+    # to fail with a message.
+    await wait_for(lambda: client.data.readyState == client.control.readyState == "open",
+                   CONNECT_S, "both channels open")
     client.send("control", first_frame)
     wire = Wire.V1 if isinstance(first_frame, bytes) else Wire.V0
-    await wait_for(lambda: peer.wire is wire, 10, f"the session to take wire {wire.name}")
-    await wait_for(lambda: client.frames >= video_frames, 15, "video")
+    await wait_for(lambda: peer.wire is wire, CONNECT_S, f"the session to take wire {wire.name}")
+    await wait_for(lambda: client.frames >= video_frames, CONNECT_S, "video")
     return client

@@ -68,9 +68,22 @@ def of(sent, type_):
     return [data for t, data in sent if t == type_]
 
 
+# The worker encodes on its own thread: on a loaded machine a deadline only stops a hang.
+WAIT_S = 60.0
+
+
+async def until(predicate, what):
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)  # the poll interval; the deadline is the bound
+
+
 async def end(recordings):
     await recordings.close("test")
-    await asyncio.sleep(0)  # the worker's last messages, sent on the loop
+    # One loop turn, not a wait: the worker queued its last messages on the loop
+    # before its thread ended, so they run ahead of anything queued after close().
+    await asyncio.sleep(0)
 
 
 async def test_a_requested_recording_writes_the_presented_slots_and_the_commands(tmp_path):
@@ -134,11 +147,11 @@ async def test_a_limit_stops_the_recording_and_another_may_start(tmp_path):
     recordings.attach(fanout, record=True)
     for n in range(8):
         fanout.present(n)
-        await asyncio.sleep(0.01)  # let the worker's stop reach the loop
-    for _ in range(200):
-        if of(sent, "recordingStopped"):
-            break
+        # A pace for the input, so the stop may land among the frames; nothing
+        # depends on it: the limit is read from the slots, and frames past it are
+        # not written.
         await asyncio.sleep(0.01)
+    await until(lambda: of(sent, "recordingStopped"), "recordingStopped at the limit")
     stopped = of(sent, "recordingStopped")[0]
     assert stopped["reason"] == "limit" and stopped["message"] == "recording.max_seconds (0.5) reached"
     assert stopped["seconds"] == 0.5 and recordings.recording is None
@@ -194,11 +207,8 @@ async def test_a_session_that_cannot_record_refuses_and_records_nothing(tmp_path
 async def answer_of(recordings, seconds):
     answers = []
     recordings.request_clip(seconds, answers.append)
-    for _ in range(500):
-        if answers:
-            return answers[0]
-        await asyncio.sleep(0.01)
-    raise AssertionError("the clip request was never answered")
+    await until(lambda: answers, "the answer to the clip request")
+    return answers[0]
 
 
 def download(served, answer):
@@ -251,10 +261,8 @@ async def test_a_v1_recording_grows_with_the_session_and_is_ready_once_now_is_wr
     assert recordings.served.playlist(0.0, 1.1) == 0.5
     for n in range(12, 16):
         fanout.present(n)
-    for _ in range(500):
-        if isinstance(recordings.served.playlist(0.0, 1.1), str):
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: isinstance(recordings.served.playlist(0.0, 1.1), str),
+                "the recording's playlist once 1.1 s is written")
     assert frame_pts(download(recordings.served, answer), tmp_path) == [n * SECOND // 10 for n in range(15)]
     await end(recordings)
 

@@ -16,6 +16,7 @@ class Spec:
 
 
 def answering():
+    # close_timeout_s: the product's bound on closing; nothing here asserts it.
     return ViewerAnswering(Spec, WebRTCSettings(), fanout=None, encoders=None,
                            close_timeout_s=1.0, label="s")
 
