@@ -13,6 +13,12 @@ from test_examples_run import Recorder as BaseRecorder
 from reactor_serve.runtime.loading.manifest import load_manifest
 
 WORLD = ROOT / "examples" / "world"
+
+# Only a guard against a hang (the suite's default is shorter): these run a real model
+# through many frames, which a loaded machine slows down many times over, and every
+# wait inside has its own deadline.
+pytestmark = pytest.mark.timeout(600)
+
 # The example's own config (block_size 4) at a small size, so the test runs quickly.
 WIDTH, HEIGHT = 160, 120
 
@@ -45,7 +51,7 @@ def test_world_has_its_files():
 class Recorder(BaseRecorder):
     async def pictures(self, count: int) -> list[np.ndarray]:
         """The pictures of the next `count` new frames from now."""
-        return [f.image for f in await self.more(count, timeout=10.0)]
+        return [f.image for f in await self.more(count, timeout=60.0)]
 
     async def settle(self, still: int, within: int) -> tuple[np.ndarray, int]:
         """Wait until `still` new frames in a row show one picture (at most `within`
@@ -55,7 +61,7 @@ class Recorder(BaseRecorder):
         run = 0
         index = start
         while True:
-            await self.until(index + 1, timeout=10.0)
+            await self.until(index + 1, timeout=60.0)
             frames = self.frames
             same = index > start and np.array_equal(frames[index].image, frames[index - 1].image)
             run = run + 1 if same else 1
@@ -69,7 +75,7 @@ class Recorder(BaseRecorder):
         """How many new frames from now until one differs from `picture`."""
         start = len(self.frames)
         for index in range(start, start + within):
-            await self.until(index + 1, timeout=10.0)
+            await self.until(index + 1, timeout=60.0)
             if not np.array_equal(self.frames[index].image, picture):
                 return index - start
         raise AssertionError(f"the picture did not change within {within} frames")
@@ -152,7 +158,7 @@ async def test_world_moves_while_a_key_is_held(world):
         # set_seed: another world; the same seed is the same world again.
         mark = len(client.messages)
         client.send_command("set_seed", {"seed": -1})
-        error = await client.next_message("commandError", after=mark)
+        error = await client.next_message("commandError", after=mark, timeout=60)
         assert error["data"]["command"] == "set_seed"
         assert error["data"]["errors"][0]["field"] == "seed"
         client.send_command("set_seed", {"seed": 7})
@@ -165,7 +171,7 @@ async def test_world_moves_while_a_key_is_held(world):
         assert np.array_equal(picture, first)
 
         # Progress after every block: the world's step count, a block further each time.
-        await client.next_message("progress")
+        await client.next_message("progress", timeout=60)
         steps = progress_steps(client)
         assert len(steps) >= 10
         assert steps == [block * (i + 1) for i in range(len(steps))]

@@ -17,6 +17,11 @@ from reactor_serve.scaffold import init_model
 
 EXAMPLES = ROOT / "examples"
 
+# Only a guard against a hang (the suite's default is shorter): these run a real model
+# through many frames, which a loaded machine slows down many times over, and every
+# wait inside has its own deadline.
+pytestmark = pytest.mark.timeout(600)
+
 
 @pytest.fixture(autouse=True)
 def _isolate_imports(isolated_imports):
@@ -35,17 +40,17 @@ class Recorder:
         if frame.is_new:
             self.frames.append(frame)
 
-    async def until(self, count: int, timeout: float = 20.0) -> list[ReceivedFrame]:
+    async def until(self, count: int, timeout: float = 60.0) -> list[ReceivedFrame]:
         """Wait until `count` new frames have been recorded in all; return them all."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while len(self.frames) < count:
             if loop.time() > deadline:
-                raise TimeoutError(f"{len(self.frames)} of {count} new frames within {timeout} s")
+                raise TimeoutError(f"only {len(self.frames)} of {count} new frames arrived")
             await self.client.next_frame(new=False, timeout=timeout)
         return self.frames
 
-    async def more(self, count: int, timeout: float = 20.0) -> list[ReceivedFrame]:
+    async def more(self, count: int, timeout: float = 60.0) -> list[ReceivedFrame]:
         """The next `count` new frames from now."""
         start = len(self.frames)
         await self.until(start + count, timeout)
@@ -91,7 +96,7 @@ async def test_gradient_animates_and_brightness_darkens_it(host_of):
         client.send_command("set_brightness", {"brightness": 0.3})
         # Frames made before the command are still queued; later ones are darker.
         for _ in range(60):
-            frame = await client.next_frame()
+            frame = await client.next_frame(timeout=60)
             if frame.image.mean() < bright * 0.5:
                 break
         else:
@@ -99,7 +104,7 @@ async def test_gradient_animates_and_brightness_darkens_it(host_of):
 
         mark = len(client.messages)
         client.send_command("set_brightness", {"brightness": 3.0})
-        error = await client.next_message("commandError", after=mark)
+        error = await client.next_message("commandError", after=mark, timeout=60)
         assert error["data"]["errors"][0]["field"] == "brightness"
     assert host.model_errors == 0
 
@@ -119,13 +124,24 @@ def camera_picture(height: int = 120, width: int = 160) -> np.ndarray:
     return picture.round().astype(np.uint8)
 
 
+async def applied(client: LocalClient, timeout: float = 60.0, **values: object) -> None:
+    """Wait until the session's model holds these values (its handlers have run)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    model = client.host.model
+    while any(getattr(model, name, None) != value for name, value in values.items()):
+        assert loop.time() < deadline, f"the handlers never applied {values}"
+        await asyncio.sleep(0.005)  # the poll interval of a wait with a deadline
+
+
 async def styled(client: LocalClient, picture: np.ndarray, **commands: object) -> np.ndarray:
     """Send the commands, then one camera frame; return the model's picture of it."""
     for name, value in commands.items():
         client.send_command(f"set_{name}", {name: value})
-    await asyncio.sleep(0.05)  # let the handlers run before the frame arrives
+    # The handlers ran before the frame arrives: the session's model says so.
+    await applied(client, **commands)
     client.send_frame("camera", picture)
-    return (await client.next_frame()).image
+    return (await client.next_frame(timeout=60)).image
 
 
 async def test_webcam_style_filters_the_camera(host_of):
@@ -171,24 +187,25 @@ async def test_webcam_style_filters_the_camera(host_of):
 
         mark = len(client.messages)
         client.send_command("set_style", {"style": "watercolor"})
-        error = await client.next_message("commandError", after=mark)
+        error = await client.next_message("commandError", after=mark, timeout=60)
         assert error["data"]["errors"][0]["field"] == "style"
         client.send_command("set_strength", {"strength": 1.5})
-        error = await client.next_message("commandError", after=mark + 1)
+        error = await client.next_message("commandError", after=mark + 1, timeout=60)
         assert error["data"]["errors"][0]["field"] == "strength"
 
         # set_palette reads an uploaded image: its average colour tints the luminance.
         client.send_command("set_strength", {"strength": 1.0})
         client.send_command("set_palette", {"image": UploadedFile(
             "orange.png", "image/png", png_of((200, 100, 0)))})
-        read = await client.next_message("palette_set", scope="application")
+        read = await client.next_message("palette_set", scope="application", timeout=60)
+        await applied(client, strength=1.0, style="palette")
         assert read["data"] == {"name": "orange.png", "width": 8, "height": 6,
                                 "colour": [200, 100, 0]}
         tinted = (await styled(client, picture)).astype(int)
         expected = luma[..., None] * np.array([200, 100, 0]) / 255
         assert np.abs(tinted - expected).max() <= 2
         client.send_command("set_palette", {"image": UploadedFile("a.txt", "text/plain", b"hi")})
-        refused = await client.next_message("palette_refused", scope="application")
+        refused = await client.next_message("palette_refused", scope="application", timeout=60)
         assert refused["data"]["name"] == "a.txt" and "not an image" in refused["data"]["reason"]
 
     # @disconnected closed the camera; @connected of the next session reopens it with
@@ -255,7 +272,7 @@ async def test_audio_tone_plays_the_frequency_it_is_set_to(host_of):
 
         mark = len(client.messages)
         client.send_command("set_frequency", {"frequency": 5000})
-        error = await client.next_message("commandError", after=mark)
+        error = await client.next_message("commandError", after=mark, timeout=60)
         assert error["data"]["errors"][0]["field"] == "frequency"
     assert host.model_errors == 0
 
@@ -267,7 +284,7 @@ async def first_animation_frame(host, prompt: str) -> np.ndarray:
     """One session: black until `prompt` is sent, then the animation's first frame."""
     async with connected(host) as client:
         recorder = Recorder(client)
-        await client.next_frame(new=False)
+        await client.next_frame(new=False, timeout=60)
         client.send_command("set_prompt", {"prompt": prompt})
         while True:
             frames = await recorder.until(len(recorder.frames) + 1)
@@ -285,16 +302,16 @@ async def test_legacy_blocks_waits_for_a_prompt_then_animates(host_of):
         recorder = Recorder(client)
         # emit_block(None), then nothing until a prompt: black.
         for _ in range(5):
-            frame = await client.next_frame(new=False)
+            frame = await client.next_frame(new=False, timeout=60)
             assert frame.image.shape == (480, 640, 3) and frame.image.max() == 0
         assert all(f.image.max() == 0 for f in recorder.frames)
 
         mark = len(client.messages)
         client.send_command("set_prompt", {"prompt": ""})
-        error = await client.next_message("commandError", after=mark)
+        error = await client.next_message("commandError", after=mark, timeout=60)
         assert error["data"]["errors"][0]["rule"] == "min_length=1"
         client.send_command("set_prompt", {"prompt": "x" * 201})
-        error = await client.next_message("commandError", after=mark + 1)
+        error = await client.next_message("commandError", after=mark + 1, timeout=60)
         assert error["data"]["errors"][0]["rule"] == "max_length=200"
 
         client.send_command("set_prompt", {"prompt": "a forest at dawn"})
@@ -302,7 +319,7 @@ async def test_legacy_blocks_waits_for_a_prompt_then_animates(host_of):
         assert len(frames) >= 10
         for a, b in zip(frames, frames[1:]):
             assert np.abs(a.astype(int) - b.astype(int)).mean() > 0.5  # it moves
-        first = await client.next_message("progress", after=mark)
+        first = await client.next_message("progress", after=mark, timeout=60)
         assert first["data"]["frames_generated"] % 8 == 0
         progress = [m["data"]["data"]["frames_generated"] for m in client.messages
                     if m.get("data", {}).get("type") == "progress"]
@@ -330,10 +347,13 @@ async def test_webcam_style_sessions_share_the_filters_and_keep_their_own_styles
     try:
         first.send_command("set_style", {"style": "thermal"})
         second.send_command("set_style", {"style": "sketch"})
-        await asyncio.sleep(0.1)
+        await applied(first, style="thermal")
+        await applied(second, style="sketch")
         for _ in range(5):  # both cameras at once: styled in one batched step
-            waiting = [asyncio.create_task(c.next_frame()) for c in (first, second)]
-            await asyncio.sleep(0)  # both waiting before either frame can come
+            waiting = [asyncio.create_task(c.next_frame(timeout=60)) for c in (first, second)]
+            # One turn of the loop, not a span of time: both tasks are waiting
+            # before either frame can come.
+            await asyncio.sleep(0)
             first.send_frame("camera", picture)
             second.send_frame("camera", picture)
             thermal, sketch = [frame.image for frame in await asyncio.gather(*waiting)]
@@ -355,8 +375,9 @@ async def test_webcam_style_one_sessions_palette_never_tints_another(host_of):
     try:
         uploader.send_command("set_palette", {"image": UploadedFile(
             "orange.png", "image/png", png_of((200, 100, 0)))})
-        await uploader.next_message("palette_set", scope="application")
+        await uploader.next_message("palette_set", scope="application", timeout=60)
         other.send_command("set_style", {"style": "palette"})
+        await applied(other, style="palette")
         # The other session's palette is still plain white: a grayscale picture.
         plain = (await styled(other, picture)).astype(int)
         assert (plain[..., 0] == plain[..., 2]).all()

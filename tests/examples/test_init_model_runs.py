@@ -10,28 +10,28 @@ from reactor_serve.runtime.host import ModelHost
 async def test_generated_gradient_model_runs_and_obeys_brightness(tmp_path):
     assert main(["init", "my-first-model", "--dir", str(tmp_path)]) == 0
     host = ModelHost.from_manifest(tmp_path / "my-first-model")
-    host.start(timeout=30)
+    host.start(timeout=60)
     try:
         assert host.spec.name == "my-first-model"
         assert list(host.spec.commands) == ["set_brightness"]
         async with connected(host) as client:
-            first = await client.next_frame()
+            first = await client.next_frame(timeout=60)
             assert first.image.shape == (480, 640, 3)
             later = first
             for _ in range(5):
-                later = await client.next_frame()
+                later = await client.next_frame(timeout=60)
             assert not np.array_equal(first.image, later.image)  # animated
-            base = np.mean([(await client.next_frame()).image.mean() for _ in range(3)])
+            base = np.mean([(await client.next_frame(timeout=60)).image.mean() for _ in range(3)])
             client.send_command("set_brightness", {"brightness": 0.25})
             dim = base
             for _ in range(30):
-                dim = (await client.next_frame()).image.mean()
+                dim = (await client.next_frame(timeout=60)).image.mean()
                 if dim < base * 0.5:
                     break
             assert dim < base * 0.5
             mark = len(client.messages)
             client.send_command("set_brightness", {"brightness": 2.5})
-            error = await client.next_message("commandError", after=mark)
+            error = await client.next_message("commandError", after=mark, timeout=60)
             assert error["data"]["errors"] == [
                 {"field": "brightness", "rule": "le=2.0", "value": 2.5}
             ]

@@ -124,12 +124,18 @@ class ShadedLoop(ReactorModel):
                 await asyncio.sleep(1 / self.fps)
 
 
-async def wait_until(predicate, timeout=15.0, what="condition"):
+async def wait_until(predicate, timeout=60.0, what="condition"):
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # the poll interval of a wait with a deadline
+
+
+async def next_block(model):
+    """Wait until the model starts a fresh block: its slow yield is ahead of it."""
+    model.block_started.clear()
+    assert await asyncio.to_thread(model.block_started.wait, 60), "no block started"
 
 
 def errors_of(client):
@@ -139,13 +145,17 @@ def errors_of(client):
 async def test_a_slow_pipeline_under_a_60_hz_slider_ends_on_the_released_value(host_of):
     host = host_of(SlowShader)
     async with connected(host) as client:
-        await asyncio.to_thread(host.model.block_started.wait, 5)
         # Three seconds of dragging at 60 Hz: 180 values, far past the 64 the queue
-        # held before, while the pipeline applies at most 6 of them.
+        # held before. The drag is paced by the model's blocks (what a 60 Hz slider
+        # sends during each one, sent as the block starts), not by the clock, so each
+        # block's worth lands while that block is still running, however loaded the
+        # machine: the pipeline then applies one value of each (6, and the release).
         values = [round(0.01 * (i % 150), 2) for i in range(180)] + [0.37]
-        for value in values:
-            client.send_command("set_brightness", {"brightness": value})
-            await asyncio.sleep(1 / 60)
+        for start in range(0, 180, 30):
+            await next_block(host.model)
+            for value in values[start:start + 30]:
+                client.send_command("set_brightness", {"brightness": value})
+        client.send_command("set_brightness", {"brightness": values[-1]})
         await wait_until(lambda: host.model.applied[-1:] == [0.37], what="the released value")
         assert errors_of(client) == []
         # Only the values a block started with were applied: the rest coalesced.
@@ -169,7 +179,8 @@ async def test_events_stay_bounded_beside_coalescing_setters(host_of):
     # Events apply between the 0.5 s yields too, so a flood of them fills the queue.
     host = host_of(PokedShader)
     async with connected(host) as client:
-        await asyncio.to_thread(host.model.block_started.wait, 5)
+        # All of it lands while one block runs, whatever the machine's load.
+        await next_block(host.model)
         for _ in range(100):
             client.send_command("poke")
         for i in range(100):
@@ -184,18 +195,22 @@ async def test_events_stay_bounded_beside_coalescing_setters(host_of):
 async def test_a_superseded_ticket_is_never_answered_and_the_newest_is(host_of):
     host = host_of(SlowShader)
     async with connected(host) as client:
-        await asyncio.to_thread(host.model.block_started.wait, 5)
         session = client.session
         answered = []
         client.on_frame = lambda received: answered.extend(
             a.ticket.id for a in received.frame.answers
         )
-        host.model.block_started.clear()
-        # Both land while the block sleeps: the second supersedes the first.
+        # Both land while a block that just started sleeps: the second supersedes
+        # the first.
+        await next_block(host.model)
         session.command("set_brightness", {"brightness": 0.4}, "first")
         session.command("set_brightness", {"brightness": 0.6}, "second")
         await wait_until(lambda: "second" in answered, what="the newest id answered")
-        await asyncio.sleep(1.2)  # two more blocks: nothing answers the first
+        # Two more blocks, counted by the model, and their frames presented: nothing
+        # answers the first.
+        blocks = len(host.model.applied)
+        await wait_until(lambda: len(host.model.applied) >= blocks + 2, what="two more blocks")
+        await client.next_frame(timeout=60)
         assert "first" not in answered
         assert session.commands_coalesced == 1
         # The answer rides the frame made after the newest value, and on to the client.

@@ -16,7 +16,7 @@ import torch
 from reactor_serve.interface import BufferClosed
 from reactor_serve.runtime.input_buffer import InputBuffer
 
-WAIT = 10.0  # generous: only a broken wakeup takes anywhere near this long
+WAIT = 30.0  # generous: only a broken wakeup takes anywhere near this long
 
 
 def _frame(value: int, size: tuple[int, int] = (4, 6)) -> np.ndarray:
@@ -31,7 +31,7 @@ def _push_later(buf: InputBuffer, values: list[int], delay: float = 0.02) -> thr
     def run() -> None:
         stop = threading.Event()
         for v in values:
-            stop.wait(delay)
+            stop.wait(delay)  # a camera's pace: what is read is asserted, not when
             buf.push(_frame(v))
 
     th = threading.Thread(target=run)
@@ -114,7 +114,7 @@ async def test_read_returns_at_once_when_frames_are_there():
 async def test_read_waits_for_frames_pushed_from_another_thread():
     buf = InputBuffer("cam")
     task = asyncio.create_task(buf.read(1))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a negative check: load can only keep it waiting longer
     assert not task.done()
     th = _push_later(buf, [42])
     frames = await asyncio.wait_for(task, WAIT)
@@ -126,7 +126,7 @@ async def test_read_n_waits_for_all_n_frames():
     buf = InputBuffer("cam")
     buf.push(_frame(1))
     task = asyncio.create_task(buf.read(3))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a negative check: load can only keep it waiting longer
     assert not task.done()  # one is not enough
     th = _push_later(buf, [2, 3])
     frames = await asyncio.wait_for(task, WAIT)
@@ -151,7 +151,7 @@ async def test_read_repeatedly_from_a_stream():
 async def test_cancelled_read_leaves_buffer_usable():
     buf = InputBuffer("cam")
     task = asyncio.create_task(buf.read(1))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # started or not, the cancelled read must leave it usable
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -162,7 +162,7 @@ async def test_cancelled_read_leaves_buffer_usable():
 async def test_read_n_above_capacity_still_works():
     buf = InputBuffer("cam", capacity=4)
     task = asyncio.create_task(buf.read(10))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # any turn of the loop starts the read, which grows the buffer
     th = _push_later(buf, list(range(1, 11)), delay=0.002)
     frames = await asyncio.wait_for(task, WAIT)
     th.join(WAIT)
@@ -185,7 +185,7 @@ def test_try_read_n_above_capacity_eventually_succeeds():
 async def test_close_wakes_pending_read_with_buffer_closed():
     buf = InputBuffer("cam")
     task = asyncio.create_task(buf.read(2))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a negative check: load can only keep it waiting longer
     assert not task.done()
     th = threading.Thread(target=buf.close)
     th.start()
@@ -250,7 +250,7 @@ async def test_read_after_reset_waits_again():
     buf.close()
     buf.reset()
     task = asyncio.create_task(buf.read(1))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a negative check: load can only keep it waiting longer
     assert not task.done()  # open and empty: waits instead of raising
     th = _push_later(buf, [4])
     assert _values(await asyncio.wait_for(task, WAIT)) == [4]
@@ -347,7 +347,7 @@ async def test_a_read_waiting_for_frames_says_so_and_starves_until_enough_arrive
     assert not buf.starving  # nobody reads
     buf.push(np.full((4, 6, 3), 1, np.uint8))
     reader = asyncio.ensure_future(buf.read(2))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # any turn of the loop runs the read to its wait
     assert waits == [True] and buf.starving  # one frame of the two it waits for
     buf.push(np.full((4, 6, 3), 2, np.uint8))
     assert not buf.starving

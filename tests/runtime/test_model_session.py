@@ -68,7 +68,7 @@ async def test_connected_is_set_before_hook_and_cleared_before_disconnect_hook(h
     host = host_of(HookModel)
     for _ in range(2):
         async with connected(host) as client:
-            assert (await client.next_frame()).image[0, 0, 0] == 30
+            assert (await client.next_frame(timeout=60)).image[0, 0, 0] == 30
     assert host.model.log == [
         ("connected", True),
         ("disconnected", False),
@@ -112,11 +112,11 @@ class InterleaveModel(ReactorModel):
 async def test_handlers_interleave_with_run_at_awaits_only(host_of):
     host = host_of(InterleaveModel)
     async with connected(host) as client:
-        await client.next_frame()
+        await client.next_frame(timeout=60)
         for value in range(1, 60):
             client.send_command("set_value", {"value": value})
-            await asyncio.sleep(0.003)
-        while (await client.next_frame()).image[0, 0, 0] != 59:
+            await asyncio.sleep(0.003)  # paces the commands; nothing is asserted on it
+        while (await client.next_frame(timeout=60)).image[0, 0, 0] != 59:
             pass
     model = host.model
     assert model.changed_across_await > 0
@@ -152,13 +152,15 @@ async def test_handlers_run_at_every_emit_even_when_the_buffer_has_room(host_of)
     # still let them in, or a slow model with a large buffer never sees a command.
     host = host_of(SlowRoomyModel)
     async with connected(host) as client:
-        await client.next_frame()
+        await client.next_frame(timeout=60)
         client.send_command("set_value", {"value": 7})
-        frame = await client.next_frame()
-        for _ in range(40):  # 2 s of the model's frames at most
+        frame = await client.next_frame(timeout=60)
+        # More frames than the buffer holds: the handler runs at the next emit, so
+        # the value shows after at most what was queued by then.
+        for _ in range(SlowRoomyModel.buffer_size + 8):
             if frame.image[0, 0, 0] == 7:
                 break
-            frame = await client.next_frame()
+            frame = await client.next_frame(timeout=60)
         assert frame.image[0, 0, 0] == 7, "the handler never ran between emits"
     assert host.model_errors == 0
 
@@ -178,17 +180,17 @@ class EventOnlyModel(ReactorModel):
 async def test_default_run_blocks_and_event_handlers_emit_and_send(host_of):
     host = host_of(EventOnlyModel)
     async with connected(host) as client:
-        first = await client.next_frame(new=False)
+        first = await client.next_frame(new=False, timeout=60)
         assert first.image.max() == 0 and not first.is_new  # black before the first frame
         client.send_command("show", {"level": 77})
-        frame = await client.next_frame()
+        frame = await client.next_frame(timeout=60)
         assert frame.image[0, 0, 0] == 77
-        tick = await client.next_message("tick", after=0)
+        tick = await client.next_message("tick", after=0, timeout=60)
         assert tick == {"type": "tick", "data": {"step": 77, "label": "shown"}}
-        raw = await client.next_message("raw", after=0)
+        raw = await client.next_message("raw", after=0, timeout=60)
         assert raw == {"type": "raw", "data": {"level": 77}}
         # No new frames: the last one is held, not black.
-        held = await client.next_frame(new=False)
+        held = await client.next_frame(new=False, timeout=60)
         assert not held.is_new and held.image[0, 0, 0] == 77
 
 
@@ -214,7 +216,7 @@ async def test_emit_waits_when_full(host_of):
     host = host_of(FastModel)
     async with connected(host) as client:
         for _ in range(6):
-            await client.next_frame()
+            await client.next_frame(timeout=60)
         presented = client.session.clock.new_frames
         # Backpressure: at most the buffer plus the one being handed over got ahead.
         assert host.model.emitted <= presented + host.spec.buffer_size + 1
@@ -225,7 +227,7 @@ async def test_emit_with_drop_discards_instead_of_waiting(host_of):
     host = host_of(FastModel, {"drop": True})
     async with connected(host) as client:
         for _ in range(4):
-            await client.next_frame()
+            await client.next_frame(timeout=60)
         assert host.output_buffer.dropped > 0
         assert host.model.emitted > client.session.clock.new_frames + 2
 
@@ -243,13 +245,17 @@ class FpsModel(ReactorModel):
 async def test_set_fps_acts_on_the_next_tick(host_of):
     host = host_of(FpsModel)
     async with connected(host) as client:
-        frame = await client.next_frame(new=False)
+        frame = await client.next_frame(new=False, timeout=60)
         assert frame.frame.fps == 30
         client.send_command("fps", {"value": 10})
-        for _ in range(30):
-            frame = await client.next_frame(new=False)
-            if frame.frame.fps == 10:
-                break
+        # Counted in ticks from when the handler applied it, not from when it was sent.
+        deadline = time.monotonic() + 60
+        while host.output_buffer.target_fps != 10:
+            assert time.monotonic() < deadline, "the fps handler never ran"
+            await asyncio.sleep(0.01)  # the poll interval of a wait with a deadline
+        # The tick being waited for may have been planned before: the one after it not.
+        await client.next_frame(new=False, timeout=60)
+        frame = await client.next_frame(new=False, timeout=60)
         assert frame.frame.fps == 10
         assert host.output_buffer.target_fps == 10
 
@@ -275,12 +281,12 @@ async def test_run_error_ends_session_and_next_session_works(host_of):
     host = host_of(RaisingRunModel)
     client = LocalClient(host)
     await client.connect()
-    assert await client.wait_closed() == "error"
+    assert await client.wait_closed(timeout=60) == "error"
     assert "run() raised RuntimeError: CUDA out of memory" in client.end_detail
-    ended = await client.next_message("sessionEnded", scope="runtime", after=0)
+    ended = await client.next_message("sessionEnded", scope="runtime", after=0, timeout=60)
     assert ended["data"]["reason"] == "error"
     async with connected(host) as second:
-        frame = await second.next_frame()
+        frame = await second.next_frame(timeout=60)
         assert frame.image[0, 0, 0] == 2
     assert host.model.runs == 2 and host.model_errors == 1
 
@@ -302,11 +308,11 @@ async def test_handler_error_ends_session_and_replica_keeps_serving(host_of):
     client = LocalClient(host)
     await client.connect()
     client.send_command("boom")
-    assert await client.wait_closed() == "error"
+    assert await client.wait_closed(timeout=60) == "error"
     assert "boom() raised KeyError" in client.end_detail
     async with connected(host) as second:
         second.send_command("show")
-        assert (await second.next_frame()).image[0, 0, 0] == 9
+        assert (await second.next_frame(timeout=60)).image[0, 0, 0] == 9
 
 
 class TensorModel(ReactorModel):
@@ -328,9 +334,9 @@ class TensorModel(ReactorModel):
 async def test_torch_tensors_are_accepted_and_bad_dtype_error_names_it(host_of):
     host = host_of(TensorModel)
     async with connected(host) as client:
-        frame = await client.next_frame()
+        frame = await client.next_frame(timeout=60)
         assert frame.image.shape == (4, 6, 3) and frame.image[0, 0, 0] == 123
-        error = await client.next_message("bad", after=0)
+        error = await client.next_message("bad", after=0, timeout=60)
         text = error["data"]["error"]
         assert "float32" in text and "(4, 6, 3)" in text and "uint8" in text
 
@@ -377,7 +383,7 @@ async def test_batched_emit_splits_audio_across_frames(host_of):
     async with connected(host) as client:
         chunks = []
         while len(chunks) < 8:
-            frame = await client.next_frame()
+            frame = await client.next_frame(timeout=60)
             chunks.append(frame.audio["main_audio"])
     assert all(c.shape == (1, 1920) and c.dtype == np.int16 for c in chunks)
     joined = np.concatenate(chunks, axis=1)[0].astype(np.int64)
@@ -402,8 +408,8 @@ class VoiceModel(ReactorModel):
 async def test_audio_track_sample_rate_is_resampled_to_48k(host_of):
     host = host_of(VoiceModel)
     async with connected(host) as client:
-        first = await client.next_frame()
-        second = await client.next_frame()
+        first = await client.next_frame(timeout=60)
+        second = await client.next_frame(timeout=60)
     total = first.audio["voice"].shape[1] + second.audio["voice"].shape[1]
     # 3200 samples at 16 kHz are 9600 at 48 kHz, less the resampler's filter delay.
     assert 9500 <= total <= 9600

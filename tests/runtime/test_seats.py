@@ -61,13 +61,13 @@ class Hoarder(Shades):
             yield np.full((8, 8, 3), self.state.level, np.uint8)
 
 
-async def _level_of(client: LocalClient, wanted: int, timeout: float = 10.0) -> int:
+async def _level_of(client: LocalClient, wanted: int, timeout: float = 60.0) -> int:
     """The level the client is shown once it shows `wanted` (or the last one seen)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     value = -1
     while loop.time() < deadline and value != wanted:
-        value = int((await client.next_frame()).image[0, 0, 0])
+        value = int((await client.next_frame(timeout=timeout)).image[0, 0, 0])
     return value
 
 
@@ -106,16 +106,16 @@ async def test_a_seat_is_one_session_at_a_time_and_frees_on_close(host_of):
         await LocalClient(host.seats[0]).connect()
     # The other seat takes a session meanwhile.
     async with LocalClient(host.seats[1]) as other:
-        await other.next_frame()
+        await other.next_frame(timeout=60)
     await first.close()
     async with LocalClient(host.seats[0]) as again:
-        await again.next_frame()
+        await again.next_frame(timeout=60)
 
 
 async def test_changing_what_load_made_in_place_ends_the_session_naming_it(host_of):
     host = host_of(Hoarder, seats=2)
     async with LocalClient(host.seats[0]) as client:
-        reason = await client.wait_closed(timeout=10)
+        reason = await client.wait_closed(timeout=60)
     assert reason == "error"
     assert "self.history" in client.end_detail
     assert "sessions_per_replica" in client.end_detail
@@ -128,7 +128,7 @@ async def test_one_seat_keeps_todays_behaviour_and_watches_nothing(host_of):
     assert host.shared_state is None
     async with LocalClient(host) as client:
         for _ in range(30):
-            await client.next_frame()
+            await client.next_frame(timeout=60)
         assert client.end_reason is None
 
 
@@ -224,10 +224,10 @@ async def test_a_model_process_serves_its_seats_and_a_crash_ends_them_all(tmp_pa
         clients = [LocalClient(seat) for seat in process.seats]
         for client in clients:
             await client.connect()
-            assert (await client.next_frame(timeout=20)).image.shape == (48, 64, 3)
+            assert (await client.next_frame(timeout=60)).image.shape == (48, 64, 3)
         clients[0].send_command("crash", {"how": "segfault"})
         for client in clients:
-            assert await client.wait_closed(timeout=30) == "error"
+            assert await client.wait_closed(timeout=60) == "error"
             assert "killed by SIGSEGV" in client.end_detail
         # The process restarts and both seats serve again.
         again = [LocalClient(seat) for seat in process.seats]
@@ -248,10 +248,10 @@ async def test_a_handler_error_ends_only_its_own_seats_session():
         await failing.connect()
         await other.connect()
         failing.send_command("crash", {"how": "raise"})
-        assert await failing.wait_closed(timeout=20) == "error"
+        assert await failing.wait_closed(timeout=60) == "error"
         assert "simulated handler failure" in failing.end_detail
         for _ in range(10):
-            await other.next_frame(timeout=10)
+            await other.next_frame(timeout=60)
         assert other.end_reason is None
         await other.close()
     finally:
@@ -279,7 +279,7 @@ async def test_every_seat_runs_with_the_torch_threads_load_set(host_of):
         pytest.skip("this machine's torch starts with one thread: nothing to tell apart")
     host = host_of(ThreadCountingShades, seats=2)
     async with LocalClient(host.seats[1]) as client:
-        await client.next_frame()
+        await client.next_frame(timeout=60)
         assert host.seats[1].model.threads == 1
 
 
@@ -297,7 +297,7 @@ def test_torch_thread_settings_carry_from_one_thread_to_another():
         # with a count of its own (a new thread's starts from the last one set).
         torch.set_num_threads(2)
         seen["before"] = torch.get_num_threads()
-        loaded.wait(10)
+        seen["loaded"] = loaded.wait(60)
         seen["unchanged"] = torch.get_num_threads()
         seen["settings"].apply()
         seen["after"] = torch.get_num_threads()
@@ -309,11 +309,14 @@ def test_torch_thread_settings_carry_from_one_thread_to_another():
 
     threads = [threading.Thread(target=seat), threading.Thread(target=loader)]
     threads[0].start()
+    deadline = time.monotonic() + 60
     while "before" not in seen:
-        time.sleep(0.01)
+        assert time.monotonic() < deadline, "the seat's thread never set its count"
+        time.sleep(0.01)  # the poll interval of a wait with a deadline
     threads[1].start()
     for thread in threads:
         thread.join()
+    assert seen["loaded"], "the loader's settings never came"
     assert seen["before"] == seen["unchanged"] == 2
     assert seen["after"] == 1
     # Reading the settings never initialises CUDA (on a machine without it, or before

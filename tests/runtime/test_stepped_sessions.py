@@ -35,7 +35,7 @@ def hosted():
     def start(model, in_process=True):
         path = REFERENCE / model
         host = ModelHost.from_manifest(path) if in_process else ModelProcess(path)
-        host.start(60)
+        host.start(120)
         hosts.append(host)
         return host
 
@@ -48,7 +48,7 @@ def hosted():
 async def test_a_pipeline_makes_one_yield_per_step_with_the_steps_state(hosted, in_process):
     host = hosted("generator", in_process)
     session = await host.open_session(Sink(), stepped=True)
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # a negative check: load can only make fewer frames in it
     assert levels(host) == []  # nothing streams
     # With no prompt it yields Idle: that is the step's unit, and it made nothing.
     idle = await host.step(session, {}, [])
@@ -56,7 +56,7 @@ async def test_a_pipeline_makes_one_yield_per_step_with_the_steps_state(hosted, 
     first = await host.step(session, {"prompt": "ab"}, [])
     assert first.failure is None and first.elapsed_s >= 0
     assert levels(host) == [40, 40, 40]  # one yield: the batch of three
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # a negative check: load can only make fewer frames in it
     assert levels(host) == []  # and nothing after it
     assert (await host.step(session, {"prompt": "abcd"}, [])).failure is None
     assert levels(host) == [80, 80, 80]
@@ -77,7 +77,7 @@ async def test_a_pipeline_makes_one_yield_per_step_with_the_steps_state(hosted, 
 async def test_a_run_loop_makes_one_emit_per_step_after_its_commands(hosted):
     host = hosted("run_loop")
     session = await host.open_session(Sink(), stepped=True)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # a negative check: load can only make fewer frames in it
     assert levels(host) == []
     assert (await host.step(session, {}, [("set_prompt", {"prompt": "ab"})])).failure is None
     assert levels(host) == [20] * 10
@@ -91,7 +91,7 @@ async def test_a_run_loop_makes_one_emit_per_step_after_its_commands(hosted):
 async def test_the_older_api_makes_one_block_per_step(hosted):
     host = hosted("legacy_blocks")
     session = await host.open_session(Sink(), stepped=True)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # a negative check: load can only make fewer frames in it
     assert levels(host) == []  # not even the placeholder picture
     assert (await host.step(session, {}, [("set_prompt", {"prompt": "a"})])).failure is None
     assert levels(host) == [11, 21, 31, 41]
@@ -118,14 +118,14 @@ async def test_the_gate_runs_one_step_at_a_time_and_answers_it_when_closed():
     gate.produced(0.5)
     assert answers == [StepOutcome(elapsed_s=0.5)] and not gate.busy
     waiting = asyncio.ensure_future(gate.wait())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # a negative check: a busy loop can only wake it later
     assert not waiting.done()  # the next unit waits for the next step
     assert gate.arm(answers.append)
-    await asyncio.wait_for(waiting, 1)
+    await asyncio.wait_for(waiting, 30)  # the armed step lets the waiter go
     gate.close(StepOutcome(StepFailure.SESSION_ENDED, "gone"))
     assert answers[-1].failure == StepFailure.SESSION_ENDED
     assert not gate.arm(answers.append)
-    await asyncio.wait_for(gate.wait(), 1)  # closed: never waits again
+    await asyncio.wait_for(gate.wait(), 30)  # closed: never waits again
 
 
 async def test_a_command_that_comes_as_its_session_ends_is_answered(hosted):

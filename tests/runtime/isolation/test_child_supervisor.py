@@ -185,6 +185,8 @@ def test_stop_asks_then_kills_a_child_that_does_not_go(stop_after):
     stop_after(supervisor)
     supervisor.start(WAIT_S)
     [child] = children.started
+    # The grace the supervisor is configured with: this child never goes by itself,
+    # so however long it lasts the child ends killed.
     supervisor.stop(timeout=0.2)
     assert child.process.returncode == -signal.SIGKILL
     assert child.released.wait(WAIT_S) and child.why is None  # stopped, not crashed

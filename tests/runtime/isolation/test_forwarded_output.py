@@ -121,6 +121,7 @@ def test_an_emit_short_of_slots_waits_without_blocking_the_loop_and_goes_on_when
         ticks = 0
         # The emit waits for slots; the loop keeps running meanwhile.
         for _ in range(20):
+            # A negative check: the emit cannot finish while every slot is held.
             await asyncio.sleep(0.01)
             ticks += 1
         assert not emit.done()

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 import pytest
+from dev_shm import dev_shm_entries
 from paths import ROOT
 
 from reactor_serve.runtime.isolation.frame_ring import (
@@ -46,10 +47,6 @@ def _mapped(name: str) -> list[str]:
 def _generations_mapped(name: str) -> set[str]:
     """The rings of writer `name` that this process maps (writer or reader side)."""
     return {line.rsplit("-", 1)[1].split()[0] for line in _mapped(name)}
-
-
-def _dev_shm() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
 def _pattern(shape, dtype, seed: int) -> np.ndarray:
@@ -255,7 +252,7 @@ class _ChildWriter:
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
+        self.process.wait(timeout=60)
         self.conn.close()
 
 
@@ -359,13 +356,13 @@ def test_write_returns_none_when_max_bytes_forbids_a_new_ring(pipe):
 
 
 def test_kill_9_of_the_writer_leaves_no_shared_memory(child_writer):
-    before = _dev_shm()
+    before = dev_shm_entries()
     child = child_writer(slots=3)
     shape = (240, 320, 3)
     views = [child.write(shape, seed) for seed in (1, 2)]
     small = child.write((4, 4), 3)  # fits the same ring
     assert len(_generations_mapped(child.name)) == 1
-    assert _dev_shm() == before
+    assert dev_shm_entries() == before
 
     child.kill()
     # The memory lives on in our mapping while our views do, unchanged.
@@ -376,18 +373,18 @@ def test_kill_9_of_the_writer_leaves_no_shared_memory(child_writer):
     del views, small
     gc.collect()
     assert _generations_mapped(child.name) == set()
-    assert _dev_shm() == before
+    assert dev_shm_entries() == before
 
 
 def test_without_memfd_an_anonymous_file_carries_the_frames(pipe, monkeypatch):
     # The macOS path (no os.memfd_create), exercised here on Linux.
     monkeypatch.delattr(os, "memfd_create")
-    before = _dev_shm()
+    before = dev_shm_entries()
     ring = pipe(slots=2)
     frames = [_pattern((32, 32, 3), np.uint8, seed) for seed in (1, 2)]
     views = [ring.round_trip(frame) for frame in frames]
     _assert_frames(views, frames)
-    assert _dev_shm() == before  # never a named entry, even while it is in use
+    assert dev_shm_entries() == before  # never a named entry, even while it is in use
     del views
     ring.give_back()
     assert ring.writer.free_slots() == 2
@@ -569,12 +566,12 @@ def test_a_reader_process_frees_slots_the_writer_process_sees_with_no_message():
 
         # A reader killed while viewing frees nothing: its slots stay held.
         child.kill()
-        child.wait(timeout=10)
+        child.wait(timeout=60)
         assert writer.free_slots() == 0
     finally:
         if child.poll() is None:
             child.kill()
-            child.wait(timeout=10)
+            child.wait(timeout=60)
         conn.close()
         writer.close()
     assert _generations_mapped(name) == set()
@@ -610,8 +607,8 @@ def test_slots_freed_by_another_thread_while_writing_never_free_a_held_slot():
     for seed in range(frames):
         waited_since = time.monotonic()
         while (result := writer.write(np.full(page, seed % 251, np.uint8))) is None:
-            assert consumer.is_alive() and time.monotonic() - waited_since < 30, "no slot came back"
-            time.sleep(0.0005)
+            assert consumer.is_alive() and time.monotonic() - waited_since < 60, "no slot came back"
+            time.sleep(0.0005)  # the poll interval of a wait with a deadline
         ref, announcement = result
         if announcement is not None:
             reader.attach(RingAnnouncement(announcement.generation, announcement.slot_bytes,
@@ -619,8 +616,8 @@ def test_slots_freed_by_another_thread_while_writing_never_free_a_held_slot():
         with arrived:
             refs.append(ref)
             arrived.notify()
-    consumer.join(timeout=30)
-    assert not consumer.is_alive()
+    consumer.join(timeout=60)
+    assert not consumer.is_alive(), "the consumer never read every frame"
     assert mismatches == []
     gc.collect()
     assert writer.free_slots() == 4

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import connected
+from dev_shm import dev_shm_entries
 from paths import ROOT, TEST_MODELS, TESTS
 
 from reactor_serve.runtime.host import ModelLoadError
@@ -34,10 +35,6 @@ def _memfd_maps(pid="self"):
     except FileNotFoundError:
         return []
     return [line for line in text.splitlines() if "memfd:reactor-" in line]
-
-
-def _dev_shm():
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
 def _copy_model(tmp_path, name, config=None):
@@ -66,7 +63,14 @@ def _wait_until(predicate, timeout, what):
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(0.05)  # the poll interval of a wait with a deadline
+
+
+async def _until_async(predicate, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)  # the poll interval of a wait with a deadline
 
 
 @pytest.fixture
@@ -103,12 +107,12 @@ def test_a_dying_model_process_ends_the_session_with_how_it_died_and_the_next_se
 
     async def scenario():
         async with connected(model) as client:
-            frame = await client.next_frame()
+            frame = await client.next_frame(timeout=30)
             assert frame.image[0, 0, 0] == 7  # a torch tensor from the model process
             client.send_command("crash", {"how": how})
-            assert await client.wait_closed(timeout=20) == "error"
+            assert await client.wait_closed(timeout=60) == "error"
             assert says in client.end_detail
-            ended = await client.next_message("sessionEnded", scope="runtime", after=0)
+            ended = await client.next_message("sessionEnded", scope="runtime", after=0, timeout=60)
             assert ended["data"] == {"reason": "error", "message": client.end_detail}
         # The replica stayed healthy through the restart, and the next session works.
         assert model.healthy
@@ -135,6 +139,7 @@ def test_a_session_opening_while_the_model_process_dies_opens_on_the_next_one(
         os.kill(dying, signal.SIGSTOP)
         client = LocalClient(model)
         opening = asyncio.ensure_future(client.connect())
+        # A negative check: a stopped process cannot answer however long this lasts.
         await asyncio.sleep(0.5)
         assert not opening.done(), "a stopped process cannot have answered the open"
         os.kill(dying, signal.SIGKILL)
@@ -157,12 +162,12 @@ def test_an_exception_in_a_handler_ends_only_the_session(tmp_path, process_of):
 
     async def scenario():
         async with connected(model) as client:
-            await client.next_frame()
+            await client.next_frame(timeout=30)
             client.send_command("crash", {"how": "raise"})
-            assert await client.wait_closed(timeout=20) == "error"
+            assert await client.wait_closed(timeout=60) == "error"
             assert "simulated handler failure: raise" in client.end_detail
         async with connected(model) as client:
-            await client.next_frame()
+            await client.next_frame(timeout=30)
 
     asyncio.run(scenario())
     assert model.pid == pid and model.crashes == 0 and model.model_errors == 1
@@ -176,21 +181,25 @@ def test_an_exception_in_a_handler_ends_only_the_session(tmp_path, process_of):
         return model.pid not in (None, pid)
 
     os.kill(pid, signal.SIGKILL)
-    _wait_until(restarted, 30, "the model process to restart")
+    _wait_until(restarted, 60, "the model process to restart")
     assert model.crashes == 1 and seen == {2} and model.model_errors == 2
 
 
 def test_a_model_stuck_in_a_forward_pass_is_restarted_when_its_session_cannot_end(
     tmp_path, process_of
 ):
-    model = process_of(_copy_model(tmp_path, "crashing"), END_WAIT_S=1.0, RESTART_BACKOFF_S=(0.05,))
+    hanging = tmp_path / "hanging"
+    model = process_of(_copy_model(tmp_path, "crashing", {"hanging_marker": str(hanging)}),
+                       END_WAIT_S=1.0, RESTART_BACKOFF_S=(0.05,))
     stuck_pid = model.pid
 
     async def scenario():
         async with connected(model) as client:
-            await client.next_frame()
+            await client.next_frame(timeout=30)
             client.send_command("crash", {"how": "hang"})
-            await asyncio.sleep(0.5)
+            # The session ends only once the forward pass is stuck, not before the
+            # command got there.
+            await asyncio.to_thread(_wait_until, hanging.exists, 60, "the forward pass to hang")
         assert client.end_reason == "client_closed"
         async with connected(model) as client:
             await client.next_frame(timeout=30)
@@ -211,16 +220,16 @@ def test_a_model_that_keeps_failing_to_load_turns_unhealthy_with_the_reason_and_
 
     async def crash():
         async with connected(model) as client:
-            await client.next_frame()
+            await client.next_frame(timeout=30)
             client.send_command("crash", {"how": "exit"})
-            await client.wait_closed(timeout=20)
+            await client.wait_closed(timeout=60)
 
     asyncio.run(crash())
-    _wait_until(lambda: not model.healthy, 30, "the host to turn unhealthy")
+    _wait_until(lambda: not model.healthy, 60, "the host to turn unhealthy")
     assert "simulated load failure" in str(model.load_error)
     assert "RuntimeError" in model.load_error.traceback
     marker.unlink()
-    _wait_until(lambda: model.healthy, 30, "the host to load again")
+    _wait_until(lambda: model.healthy, 60, "the host to load again")
 
     async def works():
         async with connected(model) as client:
@@ -242,7 +251,7 @@ def test_a_failing_first_load_raises_with_the_models_traceback_and_leaves_no_pro
 
 
 def test_no_shared_memory_is_left_after_sessions_a_crash_and_shutdown(tmp_path):
-    before = _dev_shm()
+    before = dev_shm_entries()
     gc.collect()
     # Other tests in this process may still hold frames of their own models.
     mapped_before = set(_memfd_maps())
@@ -254,11 +263,11 @@ def test_no_shared_memory_is_left_after_sessions_a_crash_and_shutdown(tmp_path):
         for _ in range(2):
             async with connected(model) as client:
                 for _ in range(10):
-                    await client.next_frame()
+                    await client.next_frame(timeout=30)
         async with connected(model) as client:
-            await client.next_frame()
+            await client.next_frame(timeout=30)
             client.send_command("crash", {"how": "kill"})
-            await client.wait_closed(timeout=20)
+            await client.wait_closed(timeout=60)
         async with connected(model) as client:
             await client.next_frame(timeout=30)
 
@@ -267,11 +276,11 @@ def test_no_shared_memory_is_left_after_sessions_a_crash_and_shutdown(tmp_path):
     model.shutdown()
     gc.collect()
     assert set(_memfd_maps()) <= mapped_before
-    assert _dev_shm() == before
+    assert dev_shm_entries() == before
 
 
 def test_the_model_process_dies_with_a_killed_replica_and_leaves_no_shared_memory(tmp_path):
-    before = _dev_shm()
+    before = dev_shm_entries()
     model_dir = _copy_model(tmp_path, "crashing")
     # A replica stand-in: starts the model, holds frames, prints the model's pid.
     script = textwrap.dedent(
@@ -284,7 +293,7 @@ def test_the_model_process_dies_with_a_killed_replica_and_leaves_no_shared_memor
         model.start(timeout=60)
         async def main():
             async with connected(model) as client:
-                await client.next_frame()
+                await client.next_frame(timeout=60)
                 print(model.pid, flush=True)
                 await asyncio.sleep(3600)
         asyncio.run(main())
@@ -295,12 +304,12 @@ def test_the_model_process_dies_with_a_killed_replica_and_leaves_no_shared_memor
         child_pid = int(replica.stdout.readline())
         assert _memfd_maps(child_pid) and _memfd_maps(replica.pid)
         replica.send_signal(signal.SIGKILL)
-        replica.wait(10)
-        _wait_until(lambda: not _alive(child_pid), 10, "the model process to die with its parent")
+        replica.wait(60)
+        _wait_until(lambda: not _alive(child_pid), 60, "the model process to die with its parent")
     finally:
         replica.kill()
         replica.wait()
-    assert _dev_shm() == before
+    assert dev_shm_entries() == before
 
 
 def test_a_model_holding_the_gil_does_not_stop_the_media_clock(tmp_path, process_of):
@@ -309,19 +318,24 @@ def test_a_model_holding_the_gil_does_not_stop_the_media_clock(tmp_path, process
     # its own pace.
     model = process_of(_copy_model(tmp_path, "gil_holding"))
 
+    def hold(frame):
+        """When the forward pass that made this frame held the GIL (the model stamps it)."""
+        return tuple(np.ascontiguousarray(frame.image[0, :16, 0]).view(np.float64))
+
     async def scenario():
         async with connected(model) as client:
-            await client.next_frame(timeout=30)
-            start = len(client.frames)
-            await asyncio.sleep(3.0)
-            times = [f.presented_at for f in list(client.frames)[start:]]
-        return times
+            holds = {hold(await client.next_frame(timeout=60))}
+            while len(holds) < 4:
+                holds.add(hold(await client.next_frame(timeout=60)))
+            return sorted(holds), [f.presented_at for f in client.frames]
 
-    times = asyncio.run(scenario())
-    gaps = np.diff(times)
-    # The clock paces at the production rate: 12 frames per 1.2 s pass, 10 fps.
-    assert len(times) > 20
-    assert gaps.max() < 0.3, f"the clock stalled for {gaps.max():.3f} s"
+    holds, times = asyncio.run(scenario())
+    # Frames were presented while each later pass held the model process's GIL (the
+    # first one may have begun before the session did): told from the model's own
+    # stamps of each hold, not from how far apart the presentations were.
+    for began, ended in holds[1:]:
+        assert any(began < t < ended for t in times), \
+            "nothing was presented while the model held its GIL"
 
 
 def test_input_frames_commands_and_messages_cross_to_the_model_process(process_of):
@@ -333,11 +347,11 @@ def test_input_frames_commands_and_messages_cross_to_the_model_process(process_o
         frame = np.full((48, 64, 3), value, np.uint8)
         while not stop.is_set():
             client.send_frame(track, frame)
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # a camera's pace: what it shows is asserted, not when
 
     async def shows(client, value):
         for _ in range(100):
-            out = await client.next_frame(timeout=20)
+            out = await client.next_frame(timeout=60)
             if int(out.image[10, 10, 0]) == value:
                 return
         raise AssertionError(f"the model never showed {value}")
@@ -350,7 +364,7 @@ def test_input_frames_commands_and_messages_cross_to_the_model_process(process_o
             client.send_command("set_style", {"style": "sketch"})
             await shows(client, 55)  # inverted by the handler's new style
             client.send_command("set_style", {"style": "watercolour"})
-            error = await client.next_message("commandError", scope="runtime")
+            error = await client.next_message("commandError", scope="runtime", timeout=60)
             assert error["data"]["command"] == "set_style"
             assert client.session.stats()["commands_rejected"] == 1
             stop.set()
@@ -431,16 +445,16 @@ def test_every_example_and_reference_model_runs_in_its_model_process(
                 client.send_command(*command)
             camera = np.full((48, 64, 3), 120, np.uint8)
             received = []
-            for _ in range(200):
+            deadline = time.monotonic() + 60
+            while len(received) < 5 and time.monotonic() < deadline:
                 for track in video_inputs:
                     client.send_frame(track, camera)
                 try:
+                    # The pace of the camera's frames; the wait has the deadline above.
                     received.append(await client.next_frame(timeout=0.05))
                 except TimeoutError:
                     continue
-                if len(received) >= 5:
-                    break
-            assert len(received) >= 5, "the model produced no frames"
+            assert len(received) >= 5, "the model did not produce five frames"
             assert not [m for m in client.messages if m["data"].get("type") == "commandError"]
             assert not client.closed
 
@@ -460,13 +474,14 @@ def test_a_state_change_drops_the_frames_made_before_it_unless_the_model_keeps_t
 
     async def scenario():
         async with connected(model) as client:
-            # Let the buffer fill with frames of the first level (24 at 10 fps).
-            await client.next_frame()
-            await asyncio.sleep(1.0)
+            # Wait for the buffer to fill with frames of the first level.
+            await client.next_frame(timeout=30)
+            await _until_async(lambda: client.session.stats()["queue_depth"] >= 20,
+                               "the output buffer to fill")
             client.send_command("set_level", {"level": 200})
             old = 0
             while True:
-                frame = await client.next_frame(timeout=10)
+                frame = await client.next_frame(timeout=30)
                 if int(frame.image[0, 0, 0]) == 200:
                     return old, client.session.stats()["stale_dropped"]
                 old += 1
@@ -476,8 +491,10 @@ def test_a_state_change_drops_the_frames_made_before_it_unless_the_model_keeps_t
     finally:
         model.shutdown()
     if drop_stale:
-        # Only what was shown while the command waited for the next yield.
-        assert old_frames <= 4 and stale_dropped >= 15
+        # Most of the full queue was dropped, and fewer of its frames were shown
+        # while the command waited for the next yield than were dropped (how many
+        # depends on how soon the model process ran again, not on the behaviour).
+        assert stale_dropped >= 15 and old_frames < stale_dropped, (old_frames, stale_dropped)
     else:
         assert old_frames >= 20 and stale_dropped == 0
 
@@ -488,12 +505,14 @@ def test_a_command_that_changes_nothing_drops_no_frames(tmp_path):
 
     async def scenario():
         async with connected(model) as client:
-            await client.next_frame()
-            await asyncio.sleep(0.5)
+            await client.next_frame(timeout=30)
+            # Frames queued, so that a stale drop would show.
+            await _until_async(lambda: client.session.stats()["queue_depth"] >= 20,
+                               "the output buffer to fill")
             client.send_command("set_level", {"level": 40})  # the level it has
             client.send_command("set_level", {"level": 40})
             for _ in range(5):
-                assert int((await client.next_frame()).image[0, 0, 0]) == 40
+                assert int((await client.next_frame(timeout=30)).image[0, 0, 0]) == 40
             return client.session.stats()["stale_dropped"]
 
     try:

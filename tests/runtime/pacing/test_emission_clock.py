@@ -666,10 +666,10 @@ def test_consumer_more_than_a_tick_behind_skips_ahead(ticks_late):
 
 async def test_next_frame_presents_immediately_when_slot_is_due():
     now, buf, clock = _make(fps=30)
-    first = await asyncio.wait_for(clock.next_frame(), 5)
+    first = await asyncio.wait_for(clock.next_frame(), 30)
     assert first.pts == 0
     now.t = clock.next_slot + 0.001  # due already
-    second = await asyncio.wait_for(clock.next_frame(), 5)
+    second = await asyncio.wait_for(clock.next_frame(), 30)
     assert second.slot == pytest.approx(1 / 30)
     assert clock.presented == 2
 
@@ -679,7 +679,8 @@ async def test_next_frame_never_presents_early_beyond_the_wake_tolerance():
     buf = OutputBuffer(4, 50)
     clock = EmissionClock(buf, VIDEO, default_size=(2, 2))
     for _ in range(10):
-        p = await asyncio.wait_for(clock.next_frame(), 5)
+        p = await asyncio.wait_for(clock.next_frame(), 30)
+        # A lower bound only: a loaded machine can wake the clock later, never earlier.
         assert time.monotonic() >= p.slot - EmissionClock.WAKE_EARLY_S
     assert clock.presented == 10
 

@@ -17,7 +17,7 @@ import pytest
 from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
 from reactor_serve.runtime.pacing.supply_margin import SupplyMargin
 
-WAIT = 10.0  # generous: only a broken wakeup takes anywhere near this long
+WAIT = 30.0  # generous: only a broken wakeup takes anywhere near this long
 
 
 class SimClock:
@@ -35,13 +35,26 @@ def _items(n: int, value: int = 0) -> list[FrameItem]:
     ]
 
 
+def _asking():
+    """A should_stop that never stops, and an event set once put_blocking asked it: it
+    asks holding the buffer's lock and goes on to wait for space without letting go,
+    so whatever takes the lock after the event finds the emit waiting."""
+    asked = threading.Event()
+
+    def should_stop() -> bool:
+        asked.set()
+        return False
+
+    return asked, should_stop
+
+
 async def _until(predicate, timeout: float = WAIT) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not predicate():
         if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # the poll interval of a wait with a deadline
 
 
 # ---- construction and set_fps ---------------------------------------------------------
@@ -190,7 +203,7 @@ async def test_async_put_waits_when_full_and_resumes_when_consumer_takes():
     items = _items(5)
     producer = asyncio.create_task(buf.put(items))
     await _until(lambda: buf.depth() == 2)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a negative check: load can only keep it waiting longer
     assert not producer.done()  # blocked: three items still pending
 
     taken: list[FrameItem] = []
@@ -202,7 +215,7 @@ async def test_async_put_waits_when_full_and_resumes_when_consumer_takes():
             if item is not None:
                 taken.append(item)
             else:
-                stop.wait(0.002)
+                stop.wait(0.002)  # the poll interval of a wait with a deadline
 
     th = threading.Thread(target=consumer)
     th.start()
@@ -221,7 +234,7 @@ async def test_async_put_blocked_resumes_on_single_take_from_other_thread():
     first, second = _items(2)
     await buf.put([first])
     producer = asyncio.create_task(buf.put([second]))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a negative check: load can only keep it waiting longer
     assert not producer.done()
     th = threading.Thread(target=buf.take)
     th.start()
@@ -253,7 +266,7 @@ async def test_async_put_woken_by_flush():
     await buf.put(_items(2))
     pending = _items(2, value=100)
     producer = asyncio.create_task(buf.put(pending))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a negative check: load can only keep it waiting longer
     assert not producer.done()
     threading.Thread(target=buf.flush).start()
     await asyncio.wait_for(producer, WAIT)
@@ -288,7 +301,7 @@ async def test_async_put_from_another_loop_thread():
         if item is not None:
             taken.append(item)
         else:
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0.002)  # the poll interval of a wait with a deadline
     th.join(WAIT)
     assert done.is_set() and not errors
     assert taken == items
@@ -317,7 +330,7 @@ def test_put_blocking_waits_for_consumer():
         while len(taken) < 5 and not deadline.is_set():
             item = buf.take()
             if item is None:
-                deadline.wait(0.002)
+                deadline.wait(0.002)  # the poll interval of a wait with a deadline
             else:
                 taken.append(item)
     finally:
@@ -333,7 +346,7 @@ def test_put_blocking_is_blocked_while_full():
     result: list[bool] = []
     th = threading.Thread(target=lambda: result.append(buf.put_blocking(_items(1))))
     th.start()
-    th.join(0.2)
+    th.join(0.2)  # a negative check: a busy machine can only keep it waiting longer
     assert th.is_alive() and result == []  # still waiting for space
     buf.take()
     th.join(WAIT)
@@ -350,7 +363,7 @@ def test_put_blocking_returns_false_when_should_stop_becomes_true():
         target=lambda: result.append(buf.put_blocking(_items(3), should_stop=stop.is_set))
     )
     th.start()
-    th.join(0.1)
+    th.join(0.1)  # a negative check: a busy machine can only keep it waiting longer
     assert th.is_alive()
     stop.set()  # nobody notifies: put_blocking must notice by itself
     th.join(WAIT)
@@ -383,9 +396,12 @@ def test_put_blocking_woken_by_flush():
     buf.put_nowait(_items(2))
     pending = _items(2, value=50)
     result: list[bool] = []
-    th = threading.Thread(target=lambda: result.append(buf.put_blocking(pending)))
+    asked, should_stop = _asking()
+    th = threading.Thread(
+        target=lambda: result.append(buf.put_blocking(pending, should_stop=should_stop)))
     th.start()
-    th.join(0.1)
+    assert asked.wait(WAIT), "put_blocking never ran"
+    th.join(0.1)  # a negative check: a busy machine can only keep it waiting longer
     assert th.is_alive()
     buf.flush()
     th.join(WAIT)
@@ -718,7 +734,7 @@ async def test_flush_discards_the_rest_of_an_emit_that_was_waiting():
     buf = OutputBuffer(2, 30)
     await buf.put(_items(2))
     producer = asyncio.create_task(buf.put(_items(3, value=100)))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a negative check: load can only keep it waiting longer
     assert not producer.done()
     buf.flush()
     await asyncio.wait_for(producer, WAIT)
@@ -731,13 +747,17 @@ def test_put_blocking_discards_the_rest_after_a_flush():
     buf.put_nowait(_items(1))
     done = threading.Event()
 
+    asked, should_stop = _asking()
+
     def produce():
-        buf.put_blocking(_items(3, value=50))
+        buf.put_blocking(_items(3, value=50), should_stop=should_stop)
         done.set()
 
     thread = threading.Thread(target=produce)
     thread.start()
-    assert not done.wait(0.1)
+    # The flush must find the emit waiting, not come before it.
+    assert asked.wait(WAIT), "put_blocking never ran"
+    assert not done.wait(0.1)  # a negative check: load can only keep it waiting longer
     buf.flush()
     assert done.wait(WAIT)
     thread.join()

@@ -318,6 +318,7 @@ def test_rate_is_thread_safe_under_concurrent_use():
     for th in threads:
         th.start()
     for th in threads:
-        th.join(timeout=30)
+        th.join(timeout=60)
+    assert not any(th.is_alive() for th in threads), "the producer or reader never finished"
     assert not errors
     assert r.rate() == pytest.approx(100.0)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from dev_shm import dev_shm_entries
 from rank_workers import SummingWorker, started_runners
 
 from reactor_serve.runtime.ranks import (
@@ -34,10 +35,6 @@ def alive(pid: int) -> bool:
         return False
 
 
-def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm"))
-
-
 @pytest.fixture
 def runner_of(tmp_path):
     with started_runners(SummingWorker, tmp_path) as start:
@@ -50,7 +47,7 @@ def rank_log(tmp_path, rank):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_rank_runs_every_call_in_order_and_rank_0_answers(runner_of, tmp_path, world_size):
-    before = shm_entries()
+    before = dev_shm_entries()
     runner = runner_of(world_size)
     assert runner.world_size == world_size and runner.healthy
     # Each rank adds value * (rank + 1) in an all-reduce: only a real group sums them.
@@ -72,7 +69,7 @@ def test_every_rank_runs_every_call_in_order_and_rank_0_answers(runner_of, tmp_p
                            "reset", "generate 1.0"]
     assert all(log[1:] == logs[0][1:] for log in logs)
     assert not any(alive(pid) for pid in pids)
-    assert shm_entries() <= before
+    assert dev_shm_entries() <= before
 
 
 def test_the_same_error_on_every_rank_is_the_workers_own_and_the_group_goes_on(runner_of):
@@ -109,13 +106,18 @@ def test_a_killed_rank_is_named_with_how_it_died_and_every_rank_stops(runner_of,
 
 
 def test_a_hung_rank_is_stopped_after_the_call_timeout(runner_of):
+    # The timeout the runner is configured with: the test waits for the error it leads
+    # to, not for a moment on the clock.
     runner = runner_of(2, call_timeout=2.0)
     pids = runner.pids
     started = time.monotonic()
     with pytest.raises(WorkerTimeout, match=r"no answer within 2 s from rank") as caught:
         runner.generate(("hang", 1))
     waited = time.monotonic() - started
-    assert 1.9 <= waited < 30, waited
+    # The runner waited out the timeout it was given before it gave up (a loaded
+    # machine only makes the wait longer). How soon after is a benchmark's matter: the
+    # behaviour is that the caller gets the typed WorkerTimeout, not a hang.
+    assert waited >= 1.9, waited
     # Rank 0 waits in the all-reduce rank 1 never joins; rank 1 sleeps in the worker.
     # Both are silent, and each is named with what it was doing.
     assert "1 (sleeping)" in str(caught.value), caught.value
@@ -171,11 +173,11 @@ def test_ranks_do_not_outlive_a_killed_caller(tmp_path):
         pids = [int(pid) for pid in caller.stdout.readline().split()]
         assert len(pids) == 2 and all(alive(pid) for pid in pids)
         caller.send_signal(signal.SIGKILL)
-        caller.wait(10)
-        deadline = time.monotonic() + 10
+        caller.wait(60)
+        deadline = time.monotonic() + 60
         while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(alive(pid) for pid in pids)
+            time.sleep(0.1)  # the poll interval of a wait with a deadline
+        assert not any(alive(pid) for pid in pids), "the ranks outlived their killed caller"
     finally:
         caller.kill()
 

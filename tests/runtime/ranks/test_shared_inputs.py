@@ -4,12 +4,12 @@ of slots with SharedSlotAllocationFailed, and the group goes on."""
 
 from __future__ import annotations
 
-import os
 from multiprocessing.connection import Connection
 
 import numpy as np
 import pytest
 import torch
+from dev_shm import dev_shm_entries
 from rank_workers import ArrayWorker, started_runners
 
 from reactor_serve.runtime.isolation.frame_ring import FrameReader
@@ -75,7 +75,7 @@ def test_placed_arrays_come_back_as_views_of_the_same_values() -> None:
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_large_inputs_reach_every_rank_through_shared_memory(runner_of, tmp_path, world_size):
-    before = set(os.listdir("/dev/shm"))
+    before = dev_shm_entries()
     runner = runner_of(world_size)
     for seed in range(3):
         image = frame(seed)
@@ -97,7 +97,7 @@ def test_large_inputs_reach_every_rank_through_shared_memory(runner_of, tmp_path
         lines = (tmp_path / f"rank-{rank}.log").read_text().splitlines()[1:]
         assert len(lines) == 5 and all("shared=True" in line for line in lines)
     # Anonymous memory: nothing left in /dev/shm.
-    assert set(os.listdir("/dev/shm")) <= before
+    assert dev_shm_entries() <= before
 
 
 def test_without_shared_memory_every_input_is_pickled(runner_of):

@@ -25,6 +25,8 @@ class Crashing(ReactorPipeline):
             raise RuntimeError(f"simulated load failure ({marker} exists)")
         self.count = 0
         self.hang = False
+        # Touched once the forward pass is stuck, so a test can wait for that.
+        self.hanging_marker = config.get("hanging_marker")
         self.exit_now = False
 
     @event(name="crash", description="Die in the way named")
@@ -48,6 +50,8 @@ class Crashing(ReactorPipeline):
             frame = torch.full((48, 64, 3), self.count % 256, dtype=torch.uint8)
             frame[0, 0, 0] = 7  # a mark the test checks for
             time.sleep(0.01)
+            if self.hang and self.hanging_marker:
+                Path(self.hanging_marker).touch()
             while self.hang:  # a forward pass that never returns
                 time.sleep(1)
             if self.exit_now:

@@ -17,9 +17,15 @@ class GilHolding(ReactorPipeline):
 
     def inference(self):
         while True:
+            began = time.monotonic()
             end = time.perf_counter() + self.hold_s
             total = 0
             while time.perf_counter() < end:
                 for i in range(2000):
                     total += i * i
-            yield self.block
+            # Each block carries when the hold that made it began and ended, on the
+            # machine's monotonic clock, so a test can tell what the media side did
+            # meanwhile. A fresh block each time: the one yielded may still be read.
+            block = self.block.copy()
+            block[:, 0, :16, 0] = np.array([began, time.monotonic()], np.float64).view(np.uint8)
+            yield block
