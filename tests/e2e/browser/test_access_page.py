@@ -27,16 +27,16 @@ def protected(reactor_run, tmp_path):
 def test_the_page_asks_for_a_key_and_plays_with_the_token_it_gets(page, protected):
     run, key = protected
     page.goto(run.url)
-    page.wait_for_selector("#access", state="visible", timeout=30_000)
+    page.wait_for_selector("#access", state="visible", timeout=60_000)
     assert "token" in page.inner_text("#access-error")
     page.fill("#access-key", "rsk_" + "0" * 16 + "_" + "A" * 43)
     page.click("#access-submit")
-    wait_for(lambda: "unknown API key" in page.inner_text("#access-error"), 10,
+    wait_for(lambda: "unknown API key" in page.inner_text("#access-error"), 60,
              "the bad key to be explained")
     page.fill("#access-key", key)
     page.click("#access-submit")
-    wait_for(lambda: page.inner_text("#connection") == "connected", 30, "the page to connect")
-    wait_for(lambda: frame_count(page, VIDEO) > 10, 20, "frames to play")
+    wait_for(lambda: page.inner_text("#connection") == "connected", 60, "the page to connect")
+    wait_for(lambda: frame_count(page, VIDEO) > 10, 60, "frames to play")
     assert not page.is_visible("#access")
     # The tab keeps the token, never the key.
     stored = page.evaluate("() => sessionStorage.getItem('reactor-serve.token')")
@@ -48,11 +48,11 @@ def test_the_page_asks_for_a_key_and_plays_with_the_token_it_gets(page, protecte
 def test_the_page_takes_a_token_minted_elsewhere(page, protected):
     run, key = protected
     token = httpx.post(f"{run.url}/tokens", headers={"Reactor-API-Key": key},
-                       content=b"null").json()["jwt"]
+                       content=b"null", timeout=30).json()["jwt"]
     page.goto(run.url)
-    page.wait_for_selector("#access", state="visible", timeout=30_000)
+    page.wait_for_selector("#access", state="visible", timeout=60_000)
     page.fill("#access-key", token)
     page.click("#access-submit")
-    wait_for(lambda: page.inner_text("#connection") == "connected", 30, "the page to connect")
-    wait_for(lambda: frame_count(page, VIDEO) > 10, 20, "frames to play")
+    wait_for(lambda: page.inner_text("#connection") == "connected", 60, "the page to connect")
+    wait_for(lambda: frame_count(page, VIDEO) > 10, 60, "frames to play")
     page.click("#stop")

@@ -7,15 +7,19 @@ import pytest
 from coturn_server import STATIC_USER, Coturn, model_with_ice_servers
 from paths import ROOT
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 GRADIENT = ROOT / "examples" / "gradient"
-# A bound on how long the three checks may take, not a speed requirement.
-DONE_MS = 90_000
+# The page waits this long for media on each path (its `timeout` parameter): a loaded
+# machine's first frame may come later than the page's default window.
+MEDIA_WINDOW_S = 45
+# A bound on how long the three checks may take, not a speed requirement: each path may
+# use its whole media window before it is judged.
+DONE_MS = (3 * MEDIA_WINDOW_S + 45) * 1000
 
 
 def run_check(page, url):
-    page.goto(url)
+    page.goto(f"{url}?timeout={MEDIA_WINDOW_S}")
     page.wait_for_selector("body[data-state=done]", timeout=DONE_MS)
     rows = {}
     for path in ("direct", "stun", "relay"):
@@ -43,9 +47,9 @@ def test_direct_passes_and_relay_is_unavailable_without_turn(reactor_run, page):
     assert summary == "1 of 3 paths carry media (direct).", summary
     assert page.inner_text("#model-name") == "Connection check: gradient"
     # The page ended its session: the model's one slot is free again.
-    started = httpx.post(f"{run.url}/start_session", json={}, timeout=10)
+    started = httpx.post(f"{run.url}/start_session", json={}, timeout=30)
     assert started.status_code == 200, started.text
-    httpx.post(f"{run.url}/stop_session", json={"session_id": started.json()["session_id"]})
+    httpx.post(f"{run.url}/stop_session", json={"session_id": started.json()["session_id"]}, timeout=30)
 
 
 def test_relay_through_coturn_passes_from_a_relay_candidate(reactor_run, page, tmp_path):
@@ -65,31 +69,24 @@ def test_relay_through_coturn_passes_from_a_relay_candidate(reactor_run, page, t
 
 def test_the_player_links_to_the_check_and_the_token_guards_it(reactor_run, page):
     run = reactor_run(GRADIENT, "--token", "s3cret")
-    assert httpx.get(f"{run.url}/doctor").status_code == 401
+    assert httpx.get(f"{run.url}/doctor", timeout=30).status_code == 401
     page.goto(f"{run.url}/t/s3cret/")
     # Connected first: a player left while its start_session is still unanswered knows
     # no session id to stop on leaving, and its slot stays busy past the check's wait.
     page.wait_for_function(
-        "document.querySelector('#connection').innerText === 'connected'", timeout=30_000
+        "document.querySelector('#connection').innerText === 'connected'", timeout=60_000
     )
-    page.click("text=Connection check")
-    page.wait_for_url(f"{run.url}/t/s3cret/doctor")
+    link = page.locator("text=Connection check")
+    assert link.get_attribute("href") == "doctor"
+    # The link is followed as it is, with the page's own parameter for a media window
+    # that a loaded machine's first frame fits in.
+    link.evaluate(f"a => {{ a.href = a.href + '?timeout={MEDIA_WINDOW_S}'; }}")
+    link.click()
+    page.wait_for_url(f"{run.url}/t/s3cret/doctor?timeout={MEDIA_WINDOW_S}")
     page.wait_for_selector("body[data-state=done]", timeout=DONE_MS)
     # Under the token prefix the page's requests carry the token too: without it the
     # check could not even start a session ("could not run", in #error).
     assert page.inner_text("#error") == ""
     direct = page.locator("#path-direct")
-    first = (direct.get_attribute("data-status"),
-             direct.locator("[data-cell=reason]").inner_text())
-    if first[0] != "ok":
-        # This test is about the link and the token; the direct path's own pass is the
-        # first test's. A check run beside a loaded CI machine's other tests may miss
-        # its 10 s media window once: the page's "again" runs it anew, as a user would.
-        page.evaluate("window.connectionCheck = null")  # set again when the run ends
-        page.click("#again")
-        page.wait_for_function(
-            "window.connectionCheck !== null && document.body.dataset.state === 'done'",
-            timeout=DONE_MS)
     assert direct.get_attribute("data-status") == "ok", (
-        first, direct.locator("[data-cell=reason]").inner_text())
-    assert page.inner_text("#error") == ""
+        direct.locator("[data-cell=reason]").inner_text())

@@ -13,8 +13,8 @@ def test_chromium_plays_a_relay_only_session(page, reactor_run, relay_model, cot
     relay-only server can send through coturn alone."""
     run = reactor_run(relay_model)
     page.goto(run.url + "/")
-    wait_for(lambda: page.inner_text("#connection") == "connected", 30, "the page to connect")
-    wait_for(lambda: frame_count(page, "#outputs video") > 10, 20, "frames to play")
+    wait_for(lambda: page.inner_text("#connection") == "connected", 60, "the page to connect")
+    wait_for(lambda: frame_count(page, "#outputs video") > 10, 60, "frames to play")
     # The server's candidates Chromium knows, and the pair carrying the media: relay.
     remote = page.evaluate("""async () => {
         const stats = [...(await window.reactorSession.pc.getStats()).values()];

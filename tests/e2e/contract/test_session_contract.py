@@ -3,7 +3,7 @@ against both real servers: `reactor run` (a subprocess) and the Ray Serve ingres
 
 Every case runs once per server and asserts the same behaviour over real HTTP and real
 aiortc peers on loopback. One server per parameter serves the whole module; both run
-the gradient example with a 2 s reconnect grace. Each case ends what it started (stop
+the gradient example with the same reconnect grace. Each case ends what it started (stop
 with `{"session_id"}`), so the single slot of each server is free for the next case.
 Nothing here asserts a speed: waits are bounded only so a broken server fails instead
 of hanging.
@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 from aiortc import RTCPeerConnection
-from conftest import ReactorRun
+from conftest import RAY_GROUP, ReactorRun
 from paths import ROOT
 
 from reactor_serve.client import ClientState, connect
@@ -29,10 +29,14 @@ from reactor_serve.rtc.host_candidates import HostCandidatePolicy
 pytestmark = pytest.mark.timeout(180)
 
 GRADIENT = ROOT / "examples" / "gradient"
-GRACE_S = 2
+# The reconnect grace the servers are configured with. A case resumes an orphan within
+# it (noticing the drop, gathering a new peer's candidates and offering, all on a loaded
+# machine), so it must be far longer than that takes; the case that waits past it waits
+# for the resulting end, never for a fixed instant.
+GRACE_S = 20
 # Bounds on waits (not speeds): how long a broken server gets before the case fails.
-ANSWER_WAIT_S = 45.0
-STATE_WAIT_S = 20.0
+ANSWER_WAIT_S = 60.0
+STATE_WAIT_S = 60.0
 # The gradient's mean pixel is about 127 at brightness 1 and about 25 at 0.2.
 BRIGHT = 80.0
 DARK = 60.0
@@ -52,9 +56,13 @@ class Server:
         return self.run.output()[-6000:] if self.run is not None else ""
 
 
-@pytest.fixture(scope="module", params=["reactor_run", "serve"])
+# The Serve case asks for the test session's Ray Serve only once it runs, so it names
+# the Ray tests' worker group itself (tests/conftest.py groups the others by fixture).
+@pytest.fixture(scope="module", params=[
+    "reactor_run", pytest.param("serve", marks=pytest.mark.xdist_group(RAY_GROUP)),
+])
 def server(request, tmp_path_factory):
-    """`reactor run` on a copy of the gradient example whose config sets a 2 s grace,
+    """`reactor run` on a copy of the gradient example whose config sets the grace,
     or the gradient on the test session's Serve with the same setting."""
     if request.param == "reactor_run":
         model = tmp_path_factory.mktemp("contract") / "gradient"
@@ -107,7 +115,7 @@ class Tracker:
                                            params={"session_id": sid})
                     if reply.status_code == 404 or reply.json().get("state") == "ended":
                         break
-                    await asyncio.sleep(0.1)
+                    await asyncio.sleep(0.1)  # poll interval of a bounded wait for the end
 
 
 @pytest.fixture
@@ -159,7 +167,7 @@ async def wait_state(http, server, sid, wanted, *, forbidden=(), timeout=STATE_W
             return body
         assert body["state"] not in forbidden, f"session went {seen}, wanted {wanted!r}: {body}"
         assert time.monotonic() < deadline, f"session went {seen}, never {wanted!r}: {body}"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # poll interval of a wait with a generous deadline
 
 
 async def poll_answer(http, url: str, connection_id: int, statuses: list | None = None) -> str:
@@ -176,7 +184,7 @@ async def poll_answer(http, url: str, connection_id: int, statuses: list | None 
             return body["sdp_answer"]
         assert reply.status_code == 202, shown(reply)
         assert time.monotonic() < deadline, f"no answer within {ANSWER_WAIT_S} s: {shown(reply)}"
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # poll interval of a wait with a generous deadline
 
 
 def flat_signal(http, server: Server, sid: str, method: str = "POST", statuses: list | None = None):
@@ -205,7 +213,7 @@ async def open_peer(http, server, track, descriptor, method="POST", statuses=Non
     return peer
 
 
-async def frames(peer: ClientPeer, count: int = 5, timeout: float = 20.0) -> list:
+async def frames(peer: ClientPeer, count: int = 5, timeout: float = 60.0) -> list:
     """`count` frames received from now on."""
     start_at = peer.frames_received
     await peer.wait_for(lambda: peer.frames_received >= start_at + count, timeout,
@@ -217,15 +225,24 @@ def mean(frame) -> float:
     return float(np.asarray(frame.image).mean())
 
 
+async def pictures(peer: ClientPeer, count: int = 5) -> list:
+    """`count` frames the model made, from its first on: until it has made one, a
+    session shows black (all zeros), for as many frames as a busy machine takes."""
+    deadline = time.monotonic() + STATE_WAIT_S
+    while not np.asarray((await frames(peer, 1))[-1].image).any():
+        assert time.monotonic() < deadline, "the model's first picture never came (only black)"
+    return await frames(peer, count)
+
+
 async def darken(peer: ClientPeer) -> None:
     """set_brightness 0.2 and wait until the picture shows it."""
-    normal = mean((await frames(peer, 3))[-1])
+    normal = mean((await pictures(peer, 3))[-1])
     assert normal > BRIGHT, f"the gradient should be bright before (mean {normal:.1f})"
     peer.send_command("set_brightness", {"brightness": 0.2})
-    for _ in range(120):
-        if mean((await frames(peer, 1))[-1]) < DARK:
-            return
-    raise AssertionError("the picture did not darken after set_brightness 0.2")
+    # The pictures say when the command applied, however many frames that took.
+    deadline = time.monotonic() + STATE_WAIT_S
+    while mean((await frames(peer, 1))[-1]) >= DARK:
+        assert time.monotonic() < deadline, "the picture did not darken after set_brightness 0.2"
 
 
 def session_ended(peer: ClientPeer) -> list[dict]:
@@ -267,7 +284,7 @@ async def test_flat_flow_offer_202_poll_200_then_frames_and_the_states(server, t
         # The offer: exactly 202; the polls: 202 while pending, then one 200.
         assert statuses[0] == 202 and statuses[-1] == 200, statuses
         assert set(statuses[1:-1]) <= {202}, statuses
-        got = await frames(peer, 10)
+        got = await pictures(peer, 10)
         assert mean(got[-1]) > BRIGHT
         await wait_state(http, server, sid, "streaming", forbidden=("ended",))
 
@@ -368,7 +385,7 @@ async def test_after_the_grace_an_orphan_ends_with_timeout_and_frees_the_slot(se
         # The slot is free: a new session streams.
         descriptor = await start(http, server, track)
         peer = await open_peer(http, server, track, descriptor)
-        assert mean((await frames(peer, 5))[-1]) > BRIGHT
+        assert mean((await pictures(peer, 5))[-1]) > BRIGHT
         await wait_state(http, server, descriptor["session_id"], "streaming")
 
 
@@ -412,6 +429,8 @@ async def test_hijack_attempts_fail(server, track):
         stop = await mallory.post(f"{server.base}/stop_session")
         assert stop.status_code == 200, shown(stop)
         assert sid not in stop.text, shown(stop)
+        # A negative check (the stop ended nothing): a busy machine can only make it
+        # pass more easily.
         await frames(peer, 10)
         assert (await state_of(victim, server, sid))["state"] == "streaming"
         # Nor did it arm anything: a drop right after still only orphans the session.
@@ -503,7 +522,7 @@ async def test_the_connections_flow(server, track):
         track.peers.append(peer)
         await peer.connect(signal, timeout=ANSWER_WAIT_S)
         assert statuses[0] == 202 and statuses[-1] == 200 and set(statuses[1:-1]) <= {202}, statuses
-        assert mean((await frames(peer, 5))[-1]) > BRIGHT
+        assert mean((await pictures(peer, 5))[-1]) > BRIGHT
         await wait_state(http, server, sid, "streaming", forbidden=("ended",))
         unregistered = await http.get(f"{base}/connections/4242/sdp_params")
         assert unregistered.status_code == 404, shown(unregistered)

@@ -375,8 +375,8 @@ async def live(host_of, gradient_dir):
     control = client.pc.createDataChannel("control")
     replies: list[dict[str, Any]] = []
     control.on("message", lambda raw: replies.append(json.loads(raw)))
-    await client.wait_for(lambda: control.readyState == "open", 10, "control channel open")
-    await client.wait_for(lambda: "control" in peer._channels, 10, "control channel seen")
+    await client.wait_for(lambda: control.readyState == "open", 60, "control channel open")
+    await client.wait_for(lambda: "control" in peer._channels, 60, "control channel seen")
     await _frames_after(client, 2)
     yield Live(host, peer, client, control, replies)
     await client.close()
@@ -385,7 +385,7 @@ async def live(host_of, gradient_dir):
 
 async def _frames_after(client: ClientPeer, n: int) -> None:
     start = client.frames_received
-    await client.wait_for(lambda: client.frames_received >= start + n, 15, "video frames")
+    await client.wait_for(lambda: client.frames_received >= start + n, 60, "video frames")
 
 
 def _send(live: Live, case: Case) -> None:
@@ -419,11 +419,11 @@ async def _sync(live: Live, mark: int) -> list[dict[str, Any]]:
     live.control.send(json.dumps({"type": "request", "method": "sync", "request_id": sentinel}))
     await live.client.wait_for(
         lambda: any(e["command"] == sentinel for e in _command_errors(live, mark)),
-        15, f"the commandError for {sentinel}",
+        60, f"the commandError for {sentinel}",
     )
     await live.client.wait_for(
         lambda: any(r.get("request_id") == sentinel for r in live.control_replies),
-        15, f"the control reply for {sentinel}",
+        60, f"the control reply for {sentinel}",
     )
     return _command_errors(live, mark)
 
@@ -440,7 +440,7 @@ async def _still_alive(live: Live) -> None:
     target = live.brightness
     live.client.send_command("set_brightness", {"brightness": target})
     await live.client.wait_for(
-        lambda: live.host.model.state.brightness == target, 15, "the brightness change"
+        lambda: live.host.model.state.brightness == target, 60, "the brightness change"
     )
     assert not live.peer.ended.is_set()
     assert live.peer.connections == 1  # not a reconnect that hid a lost transport
@@ -556,7 +556,7 @@ async def test_a_command_flood_is_limited_with_one_error_and_the_session_goes_on
     limited = await live.client.wait_for(
         lambda: [e for e in _command_errors(live, mark)
                  if any(x["rule"] == "rate_limited" for x in e["errors"])],
-        15, "the rate_limited commandError",
+        60, "the rate_limited commandError",
     )
     # One for the whole flood, not one per dropped command.
     assert len(limited) == 1
@@ -566,16 +566,11 @@ async def test_a_command_flood_is_limited_with_one_error_and_the_session_goes_on
 
     # Once the client slows down, commands are obeyed again; the session never ended.
     clock.now += 2 * COMMAND_BURST / COMMAND_RATE
-    for attempt in range(50):
-        live.client.send_command("set_brightness", {"brightness": 0.25})
-        try:
-            await live.client.wait_for(
-                lambda: live.host.model.state.brightness == 0.25, 1, "brightness 0.25"
-            )
-            break
-        except TimeoutError:
-            continue
-    assert live.host.model.state.brightness == 0.25
+    # The refilled bucket admits it: the model's own state says when it applied.
+    live.client.send_command("set_brightness", {"brightness": 0.25})
+    await live.client.wait_for(
+        lambda: live.host.model.state.brightness == 0.25, 60, "brightness 0.25 after the flood"
+    )
     live.brightness = 0.25
     await _frames_after(live.client, 3)
     assert not live.peer.ended.is_set() and live.peer.connections == 1
@@ -596,11 +591,11 @@ async def test_a_setter_flood_ends_on_the_last_value_without_an_error(live):
     live.client.send_command("set_brightness", {"brightness": 0.25})
     await live.client.wait_for(
         lambda: handler.counters.commands + handler.counters.held >= 1000,
-        30, "the flood to arrive",
+        60, "the flood to arrive",
     )
     assert handler.counters.held > 0  # the burst was exceeded
     await live.client.wait_for(
-        lambda: live.host.model.state.brightness == 0.25, 15, "the last value"
+        lambda: live.host.model.state.brightness == 0.25, 60, "the last value"
     )
     live.brightness = 0.25
     assert handler.counters.rate_limited == 0

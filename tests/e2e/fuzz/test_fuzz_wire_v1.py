@@ -89,12 +89,12 @@ def answered(client: BarePeer) -> dict[str, list[Any]]:
 
 async def still_alive(host, peer, client, brightness: float) -> None:
     start = client.frames
-    await wait_for(lambda: client.frames >= start + 3, 15, "video after the fuzz")
+    await wait_for(lambda: client.frames >= start + 3, 60, "video after the fuzz")
     client.data.send(command("set_brightness", {"brightness": brightness}, "check"))
-    await wait_for(lambda: "check" in answered(client), 15, "the check command's answer")
+    await wait_for(lambda: "check" in answered(client), 60, "the check command's answer")
     [reply] = answered(client)["check"]
     assert reply.WhichOneof("payload") is None  # accepted
-    await wait_for(lambda: host.model.state.brightness == brightness, 15, "the brightness change")
+    await wait_for(lambda: host.model.state.brightness == brightness, 60, "the brightness change")
     assert not peer.ended.is_set()
     assert peer.connections == 1
     assert client.pc.connectionState == "connected"
@@ -163,13 +163,15 @@ async def test_a_v1_command_flood_answers_every_command_and_the_session_goes_on(
     sent = [f"flood{i}" for i in range(1500)]
     for request_id in sent:
         client.data.send(command("no_such_command", {}, request_id))
-    await wait_for(lambda: set(sent) <= set(answered(client)), 60, "an answer to every command")
+    await wait_for(lambda: set(sent) <= set(answered(client)), 120, "an answer to every command")
     codes = {reply.error.code for request_id in sent for reply in answered(client)[request_id]}
     # Those within the rate limit reach the model host, which refuses the unknown
     # command; the rest are refused for the rate, each one.
     assert codes == {"BAD_REQUEST", "RATE_LIMITED"}
     assert peer.inbound.counters.rate_limited > 0
     assert peer.inbound.counters.faults == 0
+    # The bucket refills with time, by the product's configured rate: waiting at least
+    # this long can only leave it fuller, so a loaded machine cannot make the check fail.
     await asyncio.sleep(COMMAND_REFILL_S)
     await still_alive(host, peer, client, 0.75)
 
@@ -220,7 +222,7 @@ async def test_hostile_step_requests_are_each_answered_and_the_session_steps_on(
     }
     for request_id, build in refused.items():  # one at a time, as steps run
         client.send("data", step_with(request_id, build))
-        await wait_for(lambda: request_id in answered(client), 30, f"the answer to {request_id}")
+        await wait_for(lambda: request_id in answered(client), 60, f"the answer to {request_id}")
     # Damaged step requests whose id is readable: BAD_REQUEST, like any frame.
     whole = step("trunc", state=_struct({"brightness": 0.5}))
     client.send("data", whole[:-3])
@@ -241,7 +243,7 @@ async def test_hostile_step_requests_are_each_answered_and_the_session_steps_on(
     assert all(len(replies) == 1 for replies in ids.values())
     # It steps on: one unit, made with the step's state.
     client.send("data", step("real", state=_struct({"brightness": 0.5})))
-    await wait_for(lambda: "real" in answered(client), 30, "the real step's result")
+    await wait_for(lambda: "real" in answered(client), 60, "the real step's result")
     [result] = answered(client)["real"]
     assert result.step_result.failure_code == 0 and result.step_result.step == 1
     [track] = result.step_result.tracks
@@ -251,7 +253,7 @@ async def test_hostile_step_requests_are_each_answered_and_the_session_steps_on(
     # A step asked for while one runs is not ready; the one running answers.
     client.send("data", step("first"))
     client.send("data", step("second"))
-    await wait_for(lambda: {"first", "second"} <= set(answered(client)), 30, "both answers")
+    await wait_for(lambda: {"first", "second"} <= set(answered(client)), 60, "both answers")
     assert answered(client)["first"][0].step_result.step == 2
     assert answered(client)["second"][0].step_result.failure_code == step_pb2.STEP_FAILURE_CODE_NOT_READY
     assert peer.inbound.counters.faults == 0 and not peer.ended.is_set()
