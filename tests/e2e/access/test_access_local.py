@@ -7,6 +7,8 @@ import asyncio
 import base64
 import json
 import time
+from functools import partial
+from types import SimpleNamespace
 
 import httpx
 import jwt as pyjwt
@@ -18,6 +20,10 @@ from reactor_serve.access.api_keys import KeyLimits
 
 GRADIENT = "examples/gradient"
 OPERATOR = "operator-secret"
+# Requests to the test's server with a timeout a loaded machine cannot run past, where
+# httpx's default would end a slow answer as if it never came.
+http = SimpleNamespace(**{verb: partial(getattr(httpx, verb), timeout=30)
+                          for verb in ("get", "post", "delete")})
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +47,7 @@ def new_key(server, name="alice", **limits):
 
 
 def mint(server, key, body=None, raw=None):
-    return httpx.post(f"{server.url}/tokens", headers={"Reactor-API-Key": key},
+    return http.post(f"{server.url}/tokens", headers={"Reactor-API-Key": key},
                       content=raw if raw is not None else json.dumps(body).encode(),
                       timeout=30)
 
@@ -56,7 +62,7 @@ async def frames(reactor, track, count, timeout=30.0):
     deadline = time.monotonic() + timeout
     while len(got) < count:
         assert time.monotonic() < deadline, f"only {len(got)} of {count} frames"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the poll interval of this bounded wait
     return got
 
 
@@ -72,7 +78,7 @@ async def test_the_official_sdk_streams_with_an_api_key(server):
         await reactor.disconnect()
     # Its DELETE ended the session.
     token = mint(server, key).json()["jwt"]
-    ended = httpx.get(f"{server.url}/sessions/{sid}", headers=bearer(token))
+    ended = http.get(f"{server.url}/sessions/{sid}", headers=bearer(token))
     assert ended.status_code in (200, 404)
     if ended.status_code == 200:
         assert ended.json()["state"] == "CLOSED"
@@ -106,12 +112,12 @@ def test_a_token_opens_only_its_own_keys_sessions(server):
     alice, bob = new_key(server, "alice"), new_key(server, "bob")
     alice_token = mint(server, alice).json()["jwt"]
     bob_token = mint(server, bob).json()["jwt"]
-    started = httpx.post(f"{server.url}/sessions", headers=bearer(alice_token),
+    started = http.post(f"{server.url}/sessions", headers=bearer(alice_token),
                          json={"model": {"name": "gradient"}})
     assert started.status_code == 201, started.text
     sid = started.json()["session_id"]
     try:
-        assert httpx.get(f"{server.url}/sessions/{sid}",
+        assert http.get(f"{server.url}/sessions/{sid}",
                          headers=bearer(alice_token)).status_code == 200
         for method, path in [("GET", f"/sessions/{sid}"),
                              ("GET", f"/session?session_id={sid}"),
@@ -124,10 +130,10 @@ def test_a_token_opens_only_its_own_keys_sessions(server):
                              ("GET", f"/clips/chunks/{sid}/init.mp4"),
                              ("DELETE", f"/sessions/{sid}")]:
             refused = httpx.request(method, f"{server.url}{path}", headers=bearer(bob_token),
-                                    json={})
+                                    json={}, timeout=30)
             assert refused.status_code == 403, (method, path, refused.text)
             assert "does not grant this session" in refused.json()["detail"]
-        stop = httpx.post(f"{server.url}/stop_session", headers=bearer(bob_token),
+        stop = http.post(f"{server.url}/stop_session", headers=bearer(bob_token),
                           json={"session_id": sid})
         assert stop.status_code == 403
         # A token bound to the session (as the SDK mints to adopt one) opens it...
@@ -136,10 +142,10 @@ def test_a_token_opens_only_its_own_keys_sessions(server):
                                              "sessions": {"bind": [sid]}}}]})
         assert bound.status_code == 200, bound.text
         bound_token = bound.json()["jwt"]
-        assert httpx.get(f"{server.url}/sessions/{sid}",
+        assert http.get(f"{server.url}/sessions/{sid}",
                          headers=bearer(bound_token)).status_code == 200
         # ...but starts nothing.
-        refused = httpx.post(f"{server.url}/sessions", headers=bearer(bound_token),
+        refused = http.post(f"{server.url}/sessions", headers=bearer(bound_token),
                              json={"model": {"name": "gradient"}})
         assert refused.status_code == 403 and "may not start" in refused.json()["detail"]
         # Bob cannot bind Alice's session.
@@ -148,7 +154,7 @@ def test_a_token_opens_only_its_own_keys_sessions(server):
                                              "sessions": {"bind": [sid]}}}]})
         assert stolen.status_code == 403
     finally:
-        httpx.delete(f"{server.url}/sessions/{sid}", headers=bearer(alice_token))
+        http.delete(f"{server.url}/sessions/{sid}", headers=bearer(alice_token))
 
 
 def test_a_scoped_token_acts_only_on_sessions_it_started(server):
@@ -158,28 +164,30 @@ def test_a_scoped_token_acts_only_on_sessions_it_started(server):
                                          "constraints": {"max_sessions": 1}}]}
     first = mint(server, key, scoped).json()["jwt"]
     second = mint(server, key, scoped).json()["jwt"]
-    started = httpx.post(f"{server.url}/sessions", headers=bearer(first),
+    started = http.post(f"{server.url}/sessions", headers=bearer(first),
                          json={"model": {"name": "gradient"}})
     assert started.status_code == 201, started.text
     sid = started.json()["session_id"]
     try:
-        assert httpx.get(f"{server.url}/sessions/{sid}", headers=bearer(second)).status_code == 403
+        assert http.get(f"{server.url}/sessions/{sid}", headers=bearer(second)).status_code == 403
         # max_sessions 1: the token has had its one session.
-        again = httpx.post(f"{server.url}/sessions", headers=bearer(first),
+        again = http.post(f"{server.url}/sessions", headers=bearer(first),
                            json={"model": {"name": "gradient"}})
         assert again.status_code == 403 and "at most 1" in again.json()["detail"]
     finally:
-        httpx.delete(f"{server.url}/sessions/{sid}", headers=bearer(first))
+        http.delete(f"{server.url}/sessions/{sid}", headers=bearer(first))
 
 
 def test_a_revoked_keys_tokens_stop_working(server):
     key = new_key(server, "to-revoke")
     token = mint(server, key).json()["jwt"]
-    assert httpx.post(f"{server.url}/sessions", headers=bearer(token),
+    assert http.post(f"{server.url}/sessions", headers=bearer(token),
                       json={"model": {"name": "wrong"}}).status_code == 400
     server.access.store.revoke(key.split("_")[1])
-    time.sleep(0.6)  # the server's key cache (key_ttl_s=0.5)
-    refused = httpx.post(f"{server.url}/sessions", headers=bearer(token),
+    # Past the server's key cache (key_ttl_s=0.5), the duration the product is configured
+    # with: a loaded machine can only make the wait longer than it.
+    time.sleep(0.6)
+    refused = http.post(f"{server.url}/sessions", headers=bearer(token),
                          json={"model": {"name": "gradient"}})
     assert refused.status_code == 401 and "revoked" in refused.json()["detail"]
 
@@ -215,7 +223,7 @@ def test_hostile_tokens_are_401_naming_why(server):
         headers = {"Authorization": "Bearer " + token.encode("utf-8", "surrogateescape")
                    .decode("latin-1", "replace")} if token else {}
         try:
-            answer = httpx.post(f"{server.url}/sessions", headers=headers,
+            answer = http.post(f"{server.url}/sessions", headers=headers,
                                 json={"model": {"name": "gradient"}}, timeout=30)
         except UnicodeEncodeError:
             continue  # httpx refuses to send it at all
@@ -268,19 +276,19 @@ def test_token_lifetime_is_capped_by_the_server(server):
 
 
 def test_public_paths_and_pages_need_no_token(server):
-    assert httpx.get(f"{server.url}/health").status_code == 200
-    page = httpx.get(f"{server.url}/", headers={"Accept": "text/html"})
+    assert http.get(f"{server.url}/health").status_code == 200
+    page = http.get(f"{server.url}/", headers={"Accept": "text/html"})
     assert page.status_code == 200 and "<html" in page.text.lower()
-    assert httpx.get(f"{server.url}/openapi.json").status_code == 401
+    assert http.get(f"{server.url}/openapi.json").status_code == 401
 
 
 def start(server, token):
-    return httpx.post(f"{server.url}/sessions", headers=bearer(token),
+    return http.post(f"{server.url}/sessions", headers=bearer(token),
                       json={"model": {"name": "gradient"}}, timeout=30)
 
 
 def delete_and_settle(server, token, sid):
-    assert httpx.delete(f"{server.url}/sessions/{sid}", headers=bearer(token),
+    assert http.delete(f"{server.url}/sessions/{sid}", headers=bearer(token),
                         timeout=30).status_code == 200
     # The end reaches the usage ledger's database on its thread.
     assert server.access.usage_ledger().flush()
@@ -328,10 +336,14 @@ async def test_a_session_ends_at_the_lower_of_the_keys_and_the_tokens_limit(
     client = await connect(server.url, token=token)
     try:
         warning = await client.next_message("session_limit", scope="application", after=0,
-                                            timeout=10)
+                                            timeout=60)
+        # The lower limit is the one the server applies: its warning says so, whatever
+        # time a loaded machine took to deliver it.
         assert 0 < warning["data"]["seconds_left"] <= 3
-        assert await client.wait_closed(timeout=30) == "limit"
-        assert 2.5 < time.monotonic() - started < 15
+        assert await client.wait_closed(timeout=60) == "limit"
+        # Not cut short: a lower bound only, the configured limit, which load can only
+        # lengthen.
+        assert 2.5 < time.monotonic() - started
     finally:
         await client.close()
     assert server.access.usage_ledger().flush()
@@ -341,22 +353,33 @@ def test_usage_is_reported_to_the_operator_per_key(server):
     key = new_key(server, "metered")
     key_id = key.split("_")[1]
     token = mint(server, key).json()["jwt"]
+    # The session's time as the client can bound it: at least from the start's answer
+    # to sending the stop, at most from sending the start to the stop's answer (and
+    # the ledger's flush). Bounds, not one figure: the requests' own trips take what a
+    # loaded machine makes them take.
+    began = time.monotonic()
     started = start(server, token)
+    opened = time.monotonic()
     assert started.status_code == 201
-    time.sleep(1.0)
+    time.sleep(1.0)  # a session of some length; nothing is asserted on this figure
+    stopping = time.monotonic()
     delete_and_settle(server, token, started.json()["session_id"])
-    refused = httpx.get(f"{server.url}/usage", params={"key": key_id})
+    ended = time.monotonic()
+    refused = http.get(f"{server.url}/usage", params={"key": key_id})
     assert refused.status_code == 403
-    answer = httpx.get(f"{server.url}/usage", params={"key": key_id},
+    answer = http.get(f"{server.url}/usage", params={"key": key_id},
                        headers={"X-Operator-Token": OPERATOR})
     assert answer.status_code == 200, answer.text
     [row] = answer.json()["usage"]
     assert row["key_id"] == key_id and row["model"] == "gradient" and row["sessions"] == 1
     total = row["waiting_s"] + row["ready_s"] + row["orphaned_s"]
-    assert 0.9 < total < 10 and row["replica_s"] == pytest.approx(total, abs=0.01)
+    # The report rounds each figure to the millisecond.
+    assert stopping - opened - 0.002 <= total <= ended - began + 0.002, (
+        stopping - opened, total, ended - began)
+    assert row["replica_s"] == pytest.approx(total, abs=0.01)
     for params in ({"from": "yesterday"}, {"from": "nan"}, {"key": "../x"},
                    {"from": "2030-01-01", "to": "2020-01-01"}, {"to": "9" * 50}):
-        bad = httpx.get(f"{server.url}/usage", params=params,
+        bad = http.get(f"{server.url}/usage", params=params,
                         headers={"X-Operator-Token": OPERATOR})
         assert bad.status_code == 400, (params, bad.text)
 
@@ -368,6 +391,8 @@ def test_repeated_bad_keys_from_one_address_are_slowed_then_refused(server):
     started = time.monotonic()
     statuses = [mint(server, bad).status_code for _ in range(21)]
     assert statuses[0] == 401 and statuses[-1] == 429
-    assert time.monotonic() - started > 1.0  # answers were held back
+    # Answers were held back: a lower bound only, the delays the throttle is
+    # configured to add, which load can only lengthen.
+    assert time.monotonic() - started > 1.0
     blocked = mint(server, bad)
     assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) >= 1

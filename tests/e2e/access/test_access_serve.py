@@ -57,8 +57,8 @@ async def test_the_official_sdk_streams_through_serve_with_a_key(deployed):
         reactor.track("main_video").on_frame(got.append)
         deadline = time.monotonic() + 60
         while len(got) < 5:
-            assert time.monotonic() < deadline, f"{len(got)} frames"
-            await asyncio.sleep(0.05)
+            assert time.monotonic() < deadline, f"only {len(got)} of 5 frames through the SDK"
+            await asyncio.sleep(0.05)  # the poll interval of this bounded wait
     finally:
         await reactor.disconnect()
     # Revoked from the command line, in another process: the next mint is refused.
@@ -134,14 +134,17 @@ def cut_database(postgres, url, allow):
 
 async def stream_session(http, base, token, during):
     """A real WebRTC session over the raw routes, `during()` awaited while it streams;
-    the session's time as the client measures it: from sending the start to the
-    stop's answer."""
+    the session's time as the client can bound it: at least from the start's answer to
+    sending the stop (the server had it open all that time), at most from sending the
+    start to the stop's answer (the server cannot have had it open longer). Bounds, not
+    one figure: how long the requests' own trips took depends on how busy the machine is."""
     from reactor_serve.client.peer import ClientPeer
 
     auth = {"Authorization": f"Bearer {token}"}
     began = time.time()
     started = await http.post(f"{base}/sessions", json={"model": {"name": "gradient"}},
                               headers=auth)
+    opened = time.time()
     assert started.status_code == 201, started.text
     descriptor = started.json()
     sid = descriptor["session_id"]
@@ -163,12 +166,13 @@ async def stream_session(http, base, token, during):
         await peer.connect(signal, timeout=60)
         await peer.wait_for(lambda: peer.frames_received > 0, 60, "a frame")
         await during(peer)
+        stopping = time.time()
         stopped = await http.delete(f"{base}/sessions/{sid}", headers=auth)
-        measured = time.time() - began
+        ended = time.time()
         assert stopped.status_code == 200, stopped.text
     finally:
         await peer.close()
-    return sid, measured
+    return sid, stopping - opened, ended - began
 
 
 @pytest.mark.timeout(300)
@@ -195,12 +199,9 @@ async def test_usage_survives_an_ingress_kill_and_a_lost_database(deployed, post
             cut_database(postgres, url, allow=True)
             frames = peer.frames_received
             await peer.wait_for(lambda: peer.frames_received > frames + 10, 30, "frames")
-            # Long enough that the requests' own trips through Serve's proxy (which
-            # no server-side record can see) stay well inside the 1 %.
-            await asyncio.sleep(12)
 
         try:
-            sid, measured = await stream_session(http, base, token, faults)
+            sid, at_least, at_most = await stream_session(http, base, token, faults)
         finally:
             cut_database(postgres, url, allow=True)
 
@@ -216,7 +217,9 @@ async def test_usage_survives_an_ingress_kill_and_a_lost_database(deployed, post
         await asyncio.sleep(0.5)
     metered = sum(row.ended_at - row.started_at for row in rows)
     assert {row.state for row in rows} >= {"waiting", "ready"}
-    assert abs(metered - measured) / measured <= 0.01, (metered, measured, rows)
+    # Nothing lost to the faults: every second the server surely had the session open
+    # is metered, and no more than it can have had.
+    assert at_least <= metered <= at_most, (at_least, metered, at_most, rows)
     # Back to two ingress replicas for the tests after this one.
     from ray import serve
     deadline = time.monotonic() + 90
@@ -262,9 +265,10 @@ async def test_a_restarted_ingress_closes_usage_no_process_could_record(deployed
     deadline = time.monotonic() + 120
     while closed().ended_at is None:
         assert time.monotonic() < deadline, "the restarted ingress did not close it"
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # the poll interval of this bounded wait
     assert tuple(closed()) == (seen, "lost")
+    deadline = time.monotonic() + 120
     while serve.status().applications["access"].deployments["ReactorIngress"] \
             .replica_states.get("RUNNING") != 2:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.5)
+        assert time.monotonic() < deadline, "Serve did not restart both ingress replicas"
+        await asyncio.sleep(0.5)  # the poll interval of this bounded wait

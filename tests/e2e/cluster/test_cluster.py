@@ -46,7 +46,7 @@ def deploy_and_forget_the_files(cluster: LocalCluster, project: Path) -> None:
     cluster.wait_for(cluster.app_running, 180, "the application to run")
 
 
-async def where(client, timeout: float = 30.0) -> dict[str, Any]:
+async def where(client, timeout: float = 60.0) -> dict[str, Any]:
     """The `where` message the model sends when its session connects."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -54,7 +54,7 @@ async def where(client, timeout: float = 30.0) -> dict[str, Any]:
             data = envelope.get("data") if isinstance(envelope, dict) else None
             if isinstance(data, dict) and data.get("type") == "where":
                 return data
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # the poll interval of a wait bounded by `timeout`
     raise AssertionError(f"no 'where' message; got {json.dumps(client.peer.messages)[:500]}")
 
 
@@ -133,7 +133,7 @@ async def test_sessions_run_on_the_gpu_worker_of_a_fixed_two_node_cluster(tmp_pa
         dashboards = cluster.temp_dir / "session_latest" / "metrics" / "grafana" / "dashboards"
         await asyncio.to_thread(
             cluster.wait_for,
-            lambda: (dashboards / "reactor_serve_grafana_dashboard.json").is_file(), 30,
+            lambda: (dashboards / "reactor_serve_grafana_dashboard.json").is_file(), 60,
             "the Grafana dashboard on the head")
 
         for _ in range(2):  # the replica serves one session after another

@@ -326,10 +326,11 @@ async def test_coturn_takes_the_conf_and_checks_the_credentials_we_mint():
         assert "White listing: 10.0.0.0-10.0.255.255" in log
         # Credentials from another secret, or expired ones, are refused.
         wrong = mint_turn_credentials("another-secret", 60, "wrong")
+        # Refused, not timed out: the wait is long enough that only an answer ends it.
         with pytest.raises(TransactionFailed):
-            await asyncio.wait_for(server.allocate(wrong.username, wrong.credential), 5)
+            await asyncio.wait_for(server.allocate(wrong.username, wrong.credential), 60)
         expired = mint_turn_credentials(secret, 60, "late", now=time.time() - 3600)
         with pytest.raises(TransactionFailed):
-            await asyncio.wait_for(server.allocate(expired.username, expired.credential), 5)
+            await asyncio.wait_for(server.allocate(expired.username, expired.credential), 60)
     finally:
         server.stop()

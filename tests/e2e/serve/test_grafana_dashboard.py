@@ -309,7 +309,7 @@ def test_cli_installs_into_a_real_ray_sessions_grafana_folder(ray_tmpdir):
         deadline = time.monotonic() + 120
         while not (folder / "serve_grafana_dashboard.json").exists():
             assert time.monotonic() < deadline, f"Ray wrote no {folder}"
-            time.sleep(0.5)
+            time.sleep(0.5)  # the poll interval of this bounded wait
         assert provisioned_folder(session) == folder
 
         installed = reactor("grafana-dashboard", "--install", env=ray_tmpdir)
@@ -433,18 +433,22 @@ async def test_every_panel_shows_data_from_a_real_serve_session(ray_serve, tmp_p
                                    timeout=30).json()["jwt"]
         for _ in range(2):
             batched.append(await connect(f"{url}/models/batched-probe", token=batched_token))
-            await batched[-1].next_frame()
+            await batched[-1].next_frame(timeout=60)
         # The first session drops frames and ends with a model error after ~3 s; the
         # second waits for the one replica meanwhile, then stays live while the
         # per-live-session panels are read.
         first = await connect(model, token=token)
-        await first.next_frame()
+        await first.next_frame(timeout=60)
         second = await connect(model, token=token)
-        await second.next_frame()
+        await second.next_frame(timeout=60)
         # Commands whose answering frames the client reports: input-to-frame latency.
+        # Each awaited until the client has matched it to its frame (what it reports),
+        # rather than a pause assumed long enough.
         for _ in range(5):
-            second.send_command("poke")
-            await asyncio.sleep(0.2)
+            poked = second.send_command("poke")
+            await second.peer.wait_for(
+                lambda: any(r.id == poked for r in second.input_latency()), 60,
+                "the frame that answered a poke")
 
         exprs = [substituted(expr, application=app, model="metrics-probe|batched-probe")
                  for panel in dashboard()["panels"] for expr in
@@ -455,15 +459,22 @@ async def test_every_panel_shows_data_from_a_real_serve_session(ray_serve, tmp_p
         # (Prometheus then marks them stale) and back at the next. Requiring all of
         # them in one poll made the test a matter of luck.
         answered: set[str] = set()
+
+        def has_data(expr):
+            try:
+                return bool(prometheus.query(expr))
+            except httpx.TransportError:  # Prometheus itself still starting: poll again
+                return False
+
         deadline = time.monotonic() + 120
         while True:
             for expr in exprs:
-                if expr not in answered and await asyncio.to_thread(prometheus.query, expr):
+                if expr not in answered and await asyncio.to_thread(has_data, expr):
                     answered.add(expr)
             empty = [expr for expr in exprs if expr not in answered]
             if not empty or time.monotonic() > deadline:
                 break
-            await asyncio.sleep(2)
+            await asyncio.sleep(2)  # the poll interval: a scrape comes every 3 s
         assert empty == [], ("queries with no data:\n" + "\n".join(empty)
                              + f"\nscrape targets: {prometheus.targets()}")
         [by_reason] = [expr for expr in exprs if "reactor_sessions_ended" in expr]

@@ -5,6 +5,7 @@ the replica serves the next one with fresh ranks."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -21,16 +22,35 @@ from reactor_serve.client import connect
 pytestmark = pytest.mark.timeout(300)
 
 OPERATOR = {"X-Operator-Token": "op"}
+# How long a wait for media (a frame, a message, an end) may take on a loaded machine.
+MEDIA = 60
+
+
+def complete_lines(path: Path) -> list[str]:
+    """The lines a rank has finished writing: a live rank may be half-way through one."""
+    text = path.read_text()
+    return text[: text.rfind("\n") + 1].splitlines()
 
 
 def rank_logs(logs: Path, ranks: int) -> list[list[str]]:
-    return [(logs / f"rank-{rank}.log").read_text().splitlines() for rank in range(ranks)]
+    return [complete_lines(logs / f"rank-{rank}.log") for rank in range(ranks)]
+
+
+async def ranks_logged(client, logs: Path, ranks: int, predicate, what: str) -> None:
+    """Wait, while the session streams, until every rank's log since its header meets
+    `predicate`: the steps the ranks say they ran, not a count of the frames the
+    client received (a slow step can show the same frame more than once)."""
+    deadline = time.monotonic() + MEDIA
+    while not all(predicate(log[1:]) for log in rank_logs(logs, ranks)):
+        assert not client.closed, (what, client.end_reason, client.end_message)
+        assert time.monotonic() < deadline, f"the ranks' logs never showed {what}"
+        await asyncio.sleep(0.2)  # the poll interval of this bounded wait
 
 
 async def a_gpu_each(model: str, logs: Path, ranks: int) -> list[list[str]]:
     """Check that the session's replica holds one GPU per rank and that each rank saw
     one of them only, on the CPU; each rank's log header, split."""
-    async with httpx.AsyncClient(timeout=10) as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         listed = (await http.get(f"{model}/sessions", headers=OPERATOR)).json()["sessions"]
     [session] = listed
     assert len(session["gpu_ids"]) == ranks
@@ -41,9 +61,9 @@ async def a_gpu_each(model: str, logs: Path, ranks: int) -> list[list[str]]:
     return headers
 
 
-async def painted_frame(client, timeout=30.0):
+async def painted_frame(client, timeout=MEDIA):
     deadline = time.monotonic() + timeout
-    while (image := (await client.next_frame()).image).shape != (96, 128, 3):
+    while (image := (await client.next_frame(timeout=timeout)).image).shape != (96, 128, 3):
         assert time.monotonic() < deadline, f"no painted frame within {timeout} s"
     return image
 
@@ -65,13 +85,15 @@ async def test_each_rank_gets_a_gpu_of_the_replica_and_a_killed_rank_restarts_th
         try:
             first = await painted_frame(client)
             client.send_command("set_hue", {"hue": 0.6})
-            deadline = time.monotonic() + 20
-            while abs(float((await client.next_frame()).image.mean()) - float(first.mean())) < 8:
+            deadline = time.monotonic() + MEDIA
+            while abs(float((await client.next_frame(timeout=MEDIA)).image.mean())
+                      - float(first.mean())) < 8:
                 assert time.monotonic() < deadline, "the hue command never showed"
             headers = await a_gpu_each(model, logs, ranks)
             victim = int(headers[1][headers[1].index("pid") + 1])
             os.kill(victim, signal.SIGKILL)
-            ended = await client.next_message("sessionEnded", scope="runtime", after=0, timeout=30)
+            ended = await client.next_message("sessionEnded", scope="runtime", after=0,
+                                              timeout=MEDIA)
         finally:
             await client.close()
         assert ended["data"]["reason"] == "error"
@@ -81,10 +103,10 @@ async def test_each_rank_gets_a_gpu_of_the_replica_and_a_killed_rank_restarts_th
         again = await connect(model, timeout=90)
         try:
             await painted_frame(again)
-            # Ten more frames, each a step every rank ran: enough steps to compare,
-            # however slowly a loaded machine made the first ones.
-            for _ in range(10):
-                await painted_frame(again)
+            # Enough steps to compare, as every rank logged them since the restart,
+            # however slowly a loaded machine ran them.
+            await ranks_logged(again, logs, ranks, lambda steps: len(steps) > 5,
+                               "more than five steps on every rank")
         finally:
             await again.close()
         fresh = [int(log[0].split()[5]) for log in rank_logs(logs, ranks)]
@@ -123,12 +145,16 @@ async def test_a_model_run_on_every_rank_streams_through_serve_and_restarts_its_
         try:
             await painted_frame(client)
             client.send_command("flash", {"frames": 4})
-            deadline = time.monotonic() + 20
-            while float((await client.next_frame()).image.mean()) < 240:
+            deadline = time.monotonic() + MEDIA
+            while float((await client.next_frame(timeout=MEDIA)).image.mean()) < 240:
                 assert time.monotonic() < deadline, "the flash never showed"
             client.send_command("set_strength", {"strength": 0.5})
-            for _ in range(20):
-                await client.next_frame()
+            # The ranks say when the new strength applied: awaited in their logs, with
+            # steps enough to compare, rather than assumed after a number of frames.
+            await ranks_logged(
+                client, logs, ranks,
+                lambda steps: len(steps) > 20 and any("strength 0.5000" in s for s in steps),
+                "the new strength and more than twenty steps on every rank")
             headers = await a_gpu_each(model, logs, ranks)
             # Every rank's model ran the same steps on the same camera frames, the
             # event and the new strength at the same step.
@@ -138,7 +164,8 @@ async def test_a_model_run_on_every_rank_streams_through_serve_and_restarts_its_
             assert "flash 4" in steps[0][:shortest]
             victim = int(headers[0][headers[0].index("pid") + 1])
             os.kill(victim, signal.SIGKILL)
-            ended = await client.next_message("sessionEnded", scope="runtime", after=0, timeout=30)
+            ended = await client.next_message("sessionEnded", scope="runtime", after=0,
+                                              timeout=MEDIA)
         finally:
             await client.close()
         assert ended["data"]["reason"] == "error"

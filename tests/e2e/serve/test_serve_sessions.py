@@ -13,6 +13,8 @@ from reactor_serve.client import connect
 
 pytestmark = pytest.mark.timeout(300)
 GRADIENT = "examples/gradient"
+# How long a wait for media (a frame, a message, an end) may take on a loaded machine.
+MEDIA = 60
 OPERATOR = {"X-Operator-Token": "op"}
 
 
@@ -65,11 +67,11 @@ async def wait_until(predicate, timeout, what):
             value = await value
         if value:
             return value
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the poll interval of a wait bounded by `timeout`
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-async def frames_flow(client, count=15, timeout=30.0):
+async def frames_flow(client, count=15, timeout=MEDIA):
     """`count` more frames arrive and the session stays open.
 
     Counted, not timed: on a loaded 2-core machine the encoder runs slower than
@@ -86,10 +88,19 @@ async def frames_flow(client, count=15, timeout=30.0):
 
 
 async def mean_brightness(client):
-    frame = await client.next_frame()
+    frame = await client.next_frame(timeout=MEDIA)
     for _ in range(10):
-        frame = await client.next_frame()
+        frame = await client.next_frame(timeout=MEDIA)
     return float(np.mean(frame.image))
+
+
+async def dimmed(client, below):
+    """The mean brightness of the first frame of `client` darker than `below`: the
+    frames themselves say when the brightness command has applied."""
+    deadline = time.monotonic() + MEDIA
+    while (level := float(np.mean((await client.next_frame(timeout=MEDIA)).image))) >= below:
+        assert time.monotonic() < deadline, f"no frame darker than {below} after set_brightness"
+    return level
 
 
 async def test_two_ingress_replicas_a_killed_one_loses_no_session(ray_serve):
@@ -102,7 +113,7 @@ async def test_two_ingress_replicas_a_killed_one_loses_no_session(ray_serve):
     second = await connect(model)
     try:
         first.send_command("set_brightness", {"brightness": 0.2})
-        await asyncio.sleep(0.5)
+        await dimmed(first, 0.5 * await mean_brightness(second))
         dark = await mean_brightness(first)
         assert dark < 0.5 * await mean_brightness(second)
 
@@ -114,11 +125,11 @@ async def test_two_ingress_replicas_a_killed_one_loses_no_session(ray_serve):
         # A network drop after the kill: the client offers again and the session,
         # with its state, answers through the surviving ingress replica.
         await first.peer.pc.close()
-        await wait_until(lambda: first.reconnects >= 1 and first.state == "streaming", 30,
+        await wait_until(lambda: first.reconnects >= 1 and first.state == "streaming", MEDIA,
                          "the first client to reconnect")
         assert await mean_brightness(first) < 0.5 * await mean_brightness(second)
         third = await connect(model)
-        await third.next_frame()
+        await third.next_frame(timeout=MEDIA)
         await third.close()
 
         # Every ingress replica gone at once: media never passed through them.
@@ -127,11 +138,12 @@ async def test_two_ingress_replicas_a_killed_one_loses_no_session(ray_serve):
         await frames_flow(first, count=40)
         await frames_flow(second, count=10)
         await wait_until(lambda: replica_states("ha", "ReactorIngress").get("RUNNING") == 2,
-                         90, "Serve to restart the ingress")
+                         120, "Serve to restart the ingress")
         # The restarted ingress replicas' first answers can be slow on a loaded machine
         # (Serve's controller is still busy with the restart); ask as a client would,
         # again after a timeout.
         async def listed_sessions():
+            # A per-request timeout inside a bounded wait: a slow answer is asked again.
             async with httpx.AsyncClient(timeout=10) as http:
                 try:
                     reply = await http.get(f"{model}/sessions", headers=OPERATOR)
@@ -139,10 +151,10 @@ async def test_two_ingress_replicas_a_killed_one_loses_no_session(ray_serve):
                     return None
                 return reply.json()["sessions"] if reply.status_code == 200 else None
 
-        listed = await wait_until(listed_sessions, 60, "the restarted ingress to list sessions")
+        listed = await wait_until(listed_sessions, 90, "the restarted ingress to list sessions")
         assert len(listed) == 2 and all(s["state"] == "placed" for s in listed)
         await second.peer.pc.close()
-        await wait_until(lambda: second.reconnects >= 1 and second.state == "streaming", 30,
+        await wait_until(lambda: second.reconnects >= 1 and second.state == "streaming", MEDIA,
                          "the second client to reconnect through the new ingress")
         await frames_flow(second)
     finally:
@@ -170,8 +182,9 @@ async def test_changing_one_models_settings_leaves_the_other_models_sessions_ali
     client = await connect(f"{url}/models/gradient",
                            on_state=lambda s, d: states.append((time.monotonic(), s, d)))
     try:
+        bright = await mean_brightness(client)
         client.send_command("set_brightness", {"brightness": 0.2})
-        await asyncio.sleep(0.5)
+        await dimmed(client, 0.5 * bright)
         dark = await mean_brightness(client)
         ingress_before = replica_actors("change", "ReactorIngress")
         # Serve restarts an application's deployments when its args change; the
@@ -197,9 +210,9 @@ async def test_changing_one_models_settings_leaves_the_other_models_sessions_ali
                                  f"gradient: {replica_states('change', 'model-gradient')}")
         assert await mean_brightness(client) <= dark * 1.2 + 1
         await client.close()
-        await asyncio.wait_for(redeploy, 120)
+        await asyncio.wait_for(redeploy, 180)
         other = await connect(f"{url}/models/gradient")
-        await other.next_frame()
+        await other.next_frame(timeout=MEDIA)
         await other.close()
     finally:
         await client.close()
@@ -213,11 +226,11 @@ async def test_a_killed_replicas_client_is_told_why(ray_serve):
     model = f"{url}/models/gradient"
     try:
         victim = await connect(model)
-        await victim.next_frame()
-        async with httpx.AsyncClient(timeout=10) as http:
+        await victim.next_frame(timeout=MEDIA)
+        async with httpx.AsyncClient(timeout=30) as http:
             [live] = (await http.get(f"{model}/sessions", headers=OPERATOR)).json()["sessions"]
         kill(f"SERVE_REPLICA::died#model-gradient#{live['replica']}")
-        await victim.wait_closed(timeout=20)
+        await victim.wait_closed(timeout=MEDIA)
         assert victim.end_reason == "error"
         # Ray kills a worker's child processes before the worker exits, so the replica
         # may live just long enough to tell its client that its model process was
@@ -226,13 +239,18 @@ async def test_a_killed_replicas_client_is_told_why(ray_serve):
         message = victim.end_message or ""
         assert ("replica" in message and "died" in message) or \
             "model process was killed by SIGKILL" in message, message
-        async with httpx.AsyncClient(timeout=10) as http:
-            described = await http.get(f"{model}/session",
+        # The directory learns of the death on its own path (the ingress's check on the
+        # replica), which can come after the client heard: awaited, not assumed done.
+        async with httpx.AsyncClient(timeout=30) as http:
+            async def described():
+                reply = await http.get(f"{model}/session",
                                        params={"session_id": victim.session_id})
-        assert described.status_code == 200
-        assert described.json()["state"] == "ended"
+                assert reply.status_code == 200, reply.text
+                return reply.json()["state"] == "ended"
+
+            await wait_until(described, MEDIA, "the directory to mark the session ended")
         survivor = await connect(model)
-        assert (await survivor.next_frame()).image.shape == (480, 640, 3)
+        assert (await survivor.next_frame(timeout=MEDIA)).image.shape == (480, 640, 3)
         await survivor.close()
         await victim.close()
     finally:
@@ -246,7 +264,7 @@ async def test_session_lists_need_the_operator_token_and_mask_ids(ray_serve):
     model = f"{url}/models/gradient"
     client = await connect(model)
     try:
-        async with httpx.AsyncClient(timeout=10) as http:
+        async with httpx.AsyncClient(timeout=30) as http:
             assert (await http.get(f"{model}/sessions")).status_code == 403
             wrong = {"X-Operator-Token": "nope"}
             assert (await http.get(f"{model}/sessions", headers=wrong)).status_code == 403
@@ -271,20 +289,20 @@ async def test_a_crashing_model_process_ends_the_session_and_the_same_replica_se
     try:
         before = replica_actors("crash", "model-crashing")
         victim = await connect(model)
-        await victim.next_frame()
+        await victim.next_frame(timeout=MEDIA)
         victim.send_command("crash", {"how": "segfault"})
-        await victim.wait_closed(timeout=30)
+        await victim.wait_closed(timeout=MEDIA)
         assert victim.end_reason == "error"
         assert "the model process was killed by SIGSEGV" in victim.end_message
         # The replica stayed up (it reloads the model in a new process) and serves.
         survivor = await connect(model)
         # Until the reloaded model's first frame the runtime shows black, at the size
         # the model made before; then the model's own frames come.
-        assert (await survivor.next_frame()).image.shape == (48, 64, 3)
+        assert (await survivor.next_frame(timeout=MEDIA)).image.shape == (48, 64, 3)
         made = await survivor.peer.wait_for(
             lambda: next((f for f in survivor.peer.video.get(survivor.peer.default_video(), ())
                           if f.image.mean() > 16), None),
-            30, "a frame the reloaded model made",
+            MEDIA, "a frame the reloaded model made",
         )
         assert made.image.shape == (48, 64, 3)
         await survivor.close()
