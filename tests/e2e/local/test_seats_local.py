@@ -18,6 +18,12 @@ _spec = importlib.util.spec_from_file_location("_stamped_model_seats", STAMPED /
 _stamped = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_stamped)
 SEATS = 3
+# Three sessions' model work and aiortc peers on a loaded machine: waits are for what
+# the frames carry, bounded only to fail with a message.
+DEADLINE_S = 60.0
+# The whole test's bound is a last resort, past the sum of its waits on a loaded
+# machine: each wait inside fails first, naming what it awaited.
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +36,15 @@ def tint_of(image) -> float:
     return float(image[_stamped.HEIGHT // 2 + 8:, :, :].mean())
 
 
-async def wait_tint(client, tint: int, timeout: float = 15.0) -> list[int]:
+async def wait_tint(client, tint: int, timeout: float = DEADLINE_S) -> list[int]:
     """Frames until the bottom half shows `tint`; then the stamps of ten more."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while abs(tint_of((await client.next_frame()).image) - tint) > 12:
-        assert loop.time() < deadline, f"no frame with tint {tint} within {timeout} s"
+    while abs(tint_of((await client.next_frame(timeout=timeout)).image) - tint) > 12:
+        assert loop.time() < deadline, f"no frame with tint {tint}"
     stamps = []
     for _ in range(10):
-        frame = await client.next_frame()
+        frame = await client.next_frame(timeout=timeout)
         assert abs(tint_of(frame.image) - tint) <= 12
         stamps.append(_stamped.read_stamp(frame.image))
     return stamps
@@ -64,7 +70,7 @@ async def test_each_seat_is_steered_on_its_own_and_a_full_replica_says_so(server
             await connect(server.url)
         assert refused.value.status == 409
         assert f"all {SEATS} seats" in str(refused.value)
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as http:
             summary = (await http.get(server.url, headers={"Accept": "application/json"})).json()
         capacity = summary["capacity"]
         assert capacity["seats_per_replica"] == SEATS
@@ -81,14 +87,14 @@ async def test_a_session_joining_and_leaving_does_not_stall_the_others(server):
         second.send_command("set_tint", {"tint": 200})
         await wait_tint(first, 40)
         await wait_tint(second, 200)
-        before = [_stamped.read_stamp((await c.next_frame()).image) for c in (first, second)]
+        before = [_stamped.read_stamp((await c.next_frame(timeout=DEADLINE_S)).image) for c in (first, second)]
         # A third joins, streams and leaves while the two stream on.
         third = await connect(server.url)
         third.send_command("set_tint", {"tint": 120})
         await wait_tint(third, 120)
         await third.close()
         # The two kept their own streams and tints throughout: their counters moved on.
-        after = [_stamped.read_stamp((await c.next_frame()).image) for c in (first, second)]
+        after = [_stamped.read_stamp((await c.next_frame(timeout=DEADLINE_S)).image) for c in (first, second)]
         assert all(a > b for a, b in zip(after, before)), (before, after)
         await wait_tint(first, 40)
         await wait_tint(second, 200)

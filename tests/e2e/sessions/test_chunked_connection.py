@@ -22,6 +22,14 @@ def gradient_dir(tmp_path):
     return tmp_path / "gradient"
 
 
+# The server and aiortc share a loaded machine with the test: waits are for a
+# condition, bounded only to fail with a message.
+DEADLINE_S = 60.0
+# The whole test's bound is a last resort, past the sum of its waits on a loaded
+# machine: each wait inside fails first, naming what it awaited.
+pytestmark = pytest.mark.timeout(600)
+
+
 def command(request_id: str, **data) -> bytes:
     message = data_pb2.DataClientMessage(request_id=request_id, kind=common_pb2.MESSAGE_KIND_REQUEST)
     message.command.type = "set_brightness"
@@ -45,21 +53,21 @@ async def test_a_chunked_connection_frames_every_message_both_ways(host_of, grad
         schema = control_pb2.ControlClientMessage(request_id="ctrl_1")
         schema.request_schema.SetInParent()
         client.send("control", schema.SerializeToString())
-        await wait_for(lambda: answered(client, "ctrl_1"), 15, "the schema")
+        await wait_for(lambda: answered(client, "ctrl_1"), DEADLINE_S, "the schema")
         [reply] = answered(client, "ctrl_1")
         assert reply.WhichOneof("payload") == "model_schema"
 
         # A command in many small frames arrives whole and is applied.
         padded = command("data_1", brightness=0.5, note="x" * 30_000)
         client.send("data", padded, frame_bytes=1024)
-        await wait_for(lambda: answered(client, "data_1"), 15, "the framed command's answer")
+        await wait_for(lambda: answered(client, "data_1"), DEADLINE_S, "the framed command's answer")
         [reply] = answered(client, "data_1")
         assert reply.error.code == "BAD_REQUEST" and "note" in reply.error.message
 
         client.send("data", command("data_2", brightness=0.5), frame_bytes=8)
-        await wait_for(lambda: answered(client, "data_2"), 15, "the small-framed command")
+        await wait_for(lambda: answered(client, "data_2"), DEADLINE_S, "the small-framed command")
         assert answered(client, "data_2")[0].WhichOneof("payload") is None
-        await wait_for(lambda: host.model.state.brightness == 0.5, 15, "the brightness")
+        await wait_for(lambda: host.model.state.brightness == 0.5, DEADLINE_S, "the brightness")
 
         # Past our limit, and frames that break the framing: dropped, nothing ends.
         ignored = peer.inbound.counters.ignored
@@ -67,12 +75,12 @@ async def test_a_chunked_connection_frames_every_message_both_ways(host_of, grad
         client.data.send("a text frame")
         client.data.send(b"\x80bad version")
         client.send("data", command("data_4", brightness=1.5))
-        await wait_for(lambda: answered(client, "data_4"), 15, "a command after the junk")
+        await wait_for(lambda: answered(client, "data_4"), DEADLINE_S, "a command after the junk")
         assert answered(client, "data_3") == []
         assert peer.inbound.counters.ignored == ignored + 3
         assert client.broken == []
         start = client.frames
-        await wait_for(lambda: client.frames >= start + 5, 15, "video after the junk")
+        await wait_for(lambda: client.frames >= start + 5, DEADLINE_S, "video after the junk")
     finally:
         await client.close()
         await peer.close()
@@ -85,7 +93,7 @@ async def test_a_client_that_does_not_declare_chunking_gets_plain_messages(host_
     try:
         assert not client.chunked and dc_chunking.offered_limit(client.answer_sdp) is None
         client.data.send(command("data_1", brightness=0.25))
-        await wait_for(lambda: answered(client, "data_1"), 15, "the command's answer")
+        await wait_for(lambda: answered(client, "data_1"), DEADLINE_S, "the command's answer")
         assert answered(client, "data_1")[0].WhichOneof("payload") is None
     finally:
         await client.close()

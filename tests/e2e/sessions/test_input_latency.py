@@ -19,7 +19,7 @@ import pytest
 from paths import TEST_MODELS
 
 from reactor_serve.client import connect
-from reactor_serve.client.input_latency import InputLatencyTracker
+from reactor_serve.client.input_latency import InputLatencyTracker, _at_or_after
 from reactor_serve.runtime.input_latency import (
     CommandTicket,
     FrameAnswer,
@@ -30,7 +30,6 @@ from reactor_serve.runtime.pacing.output_buffer import FrameItem, OutputBuffer
 from reactor_serve.sessions.media_tracks import PacedVideoTrack
 
 MODELS = TEST_MODELS / "latency"
-FRAME_MS = 1000.0 / 24
 
 
 def _load_counter() -> object:
@@ -142,37 +141,70 @@ def test_the_client_matches_answers_to_its_frames_either_order_and_per_connectio
 # ---- end to end on `reactor run` -----------------------------------------------------
 
 
-async def _measure(client, send, commands: int, gap_s: float):
-    """Send `commands` commands; for each, the reported record and the independent
-    latency: send -> arrival of the first frame stamped with its count."""
-    first_with: dict[int, float] = {}
+# The model process, aiortc and the client share a loaded machine: waits are for what
+# the frames and messages show, bounded only to fail with a message.
+DEADLINE_S = 60.0
+# The whole test's bound is a last resort, past the sum of its waits on a loaded
+# machine: each wait inside fails first, naming what it awaited.
+pytestmark = pytest.mark.timeout(600)
+
+
+async def _until(predicate, what: str, timeout: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"no {what}"
+        await asyncio.sleep(0.05)  # the poll interval of a wait with a deadline
+
+
+async def _measure(client, send, commands: int):
+    """Send `commands` commands; for each, the reported record and the frame its report
+    names, checked against the first frame stamped with its count."""
+    received: list = []  # every frame of the connection, in order
+    first_with: dict[int, object] = {}
 
     async def watch() -> None:
         async for frame in client.frames():
             count = counted.read_count(frame.image)
-            first_with.setdefault(count, frame.arrived_at)
+            received.append(frame)
+            first_with.setdefault(count, frame)
 
     watcher = asyncio.create_task(watch())
     try:
-        await client.next_frame(timeout=30)
-        await asyncio.sleep(1.0)
-        sent: list[tuple[str, float]] = []
+        await client.next_frame(timeout=DEADLINE_S)
+        await _until(lambda: 0 in first_with, "frame stamped before any command")
+        sent: list[str] = []
         for k in range(1, commands + 1):
-            sent.append((send(client, k), time.monotonic()))
-            await asyncio.sleep(gap_s)
-        deadline = time.monotonic() + 10
-        while len(client.input_latency()) < commands and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+            sent.append(send(client, k))
+            # The next command goes once a frame shows this one (not after a pause long
+            # enough on an idle machine), so every count has a first frame of its own.
+            await _until(lambda: k in first_with, f"frame showing command {k}")
+        await _until(lambda: {r.id for r in client.input_latency()} >= set(sent),
+                     "report for every command")
     finally:
         watcher.cancel()
     records = {r.id: r for r in client.input_latency()}
+    track = client.peer.default_video()
+    origin = client.peer.latency._first_rtp[track]
     measured = []
-    for k, (command_id, at) in enumerate(sent, start=1):
-        record = records.get(command_id)
-        assert record is not None, f"command {k} ({command_id}) was never answered"
-        assert k in first_with, f"no frame showed command {k}"
-        measured.append((record, (first_with[k] - at) * 1000.0))
+    for k, command_id in enumerate(sent, start=1):
+        record = records[command_id]
+        assert record.track == track and record.frame_offset is not None, record
+        # The frame the report names: as the client matches it, the first one received
+        # at or after the reported offset on the track's own clock.
+        named = next((f for f in received
+                      if _at_or_after((f.pts - origin) % 2**32, record.frame_offset)), None)
+        measured.append((k, record, named, first_with[k]))
     return measured
+
+
+def _check_names_the_first_frame_after(measured) -> None:
+    for k, record, named, first in measured:
+        # The frame named is the first frame stamped with the command's count, and the
+        # latency is that frame's arrival: the same frame, not merely one close in time.
+        assert named is not None, (k, record)
+        assert (named.index, counted.read_count(named.image)) == (first.index, k), (
+            k, record, named.index, first.index)
+        assert record.latency_ms == round(max(0.0, first.arrived_at - record.sent_at) * 1000.0, 2)
 
 
 @pytest.mark.parametrize(
@@ -187,19 +219,16 @@ async def test_reported_latency_names_the_first_frame_made_after_each_command(re
     server = reactor_run(MODELS / model)
     client = await connect(server.url)
     try:
-        measured = await _measure(client, send, commands=6, gap_s=0.6)
-        for record, independent_ms in measured:
-            # The runtime's report and the stamps name the same frame (the issue asks
-            # for agreement within a frame; a frame off would differ by a whole one).
-            assert abs(record.latency_ms - independent_ms) < FRAME_MS / 2, (record, independent_ms)
+        measured = await _measure(client, send, commands=6)
+        # The runtime's report and the stamps name the same frame.
+        _check_names_the_first_frame_after(measured)
+        for _, record, _, _ in measured:
             parts = record.server_ms
             assert set(parts) >= {"to_apply", "to_emit", "queued", "to_encoder", "total"}
             assert parts["total"] <= record.latency_ms + 1.0
         # The client reported them, and the server's stats show them.
-        deadline = time.monotonic() + 5
-        while (client.stats.get("input_to_frame_ms") or {}).get("count", 0) < 6:
-            assert time.monotonic() < deadline, client.stats
-            await asyncio.sleep(0.2)
+        await _until(lambda: (client.stats.get("input_to_frame_ms") or {}).get("count", 0) >= 6,
+                     "stats counting the six reports")
         shown = client.stats["input_to_frame_ms"]
         assert shown["p50"] is not None and shown["p95"] >= shown["p50"]
         assert client.latency_summary()["count"] == 6
@@ -221,19 +250,21 @@ async def test_hostile_reports_and_ids_leave_the_session_streaming(reactor_run):
             '{"scope":"application","data":{"type":"bump","data":{}},"id":{"deep":[[[[]]]]}}',
         ):
             peer.send_raw(raw)
-        error = await client.next_message("commandError", timeout=10)
+        error = await client.next_message("commandError", timeout=DEADLINE_S)
         assert error["data"]["errors"][0]["field"] == "id"
         # A made-up report for a command never answered is not counted.
         peer.send_runtime("inputLatency", {"id": "c999", "latency_ms": 5})
         command_id = client.send_command("bump")
-        deadline = time.monotonic() + 10
-        while not any(r.id == command_id for r in client.input_latency()):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(1.5)  # a stats message after the report
+        await _until(lambda: any(r.id == command_id and r.latency_ms is not None
+                                 for r in client.input_latency()), "answer to the bump")
+        [real] = [r for r in client.input_latency() if r.id == command_id]
+        # The real report goes after the made-up one on the same channel: once the stats
+        # show it as the last, the server has been through the made-up one too.
+        await _until(lambda: (client.stats.get("input_to_frame_ms") or {}).get("last")
+                     == round(real.latency_ms, 1), "stats showing the real report")
         assert client.stats["input_to_frame_ms"]["count"] == 1
         assert not client.closed
-        await client.next_frame(timeout=5)
+        await client.next_frame(timeout=DEADLINE_S)
     finally:
         await client.close()
 
@@ -244,13 +275,10 @@ async def test_latency_is_reported_per_command_through_serve(ray_serve):
          "warm_spares": 0, "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}}]})
     client = await connect(f"{url}/models/counted-loop")
     try:
-        measured = await _measure(client, lambda c, k: c.send_command("bump"), commands=4, gap_s=0.6)
-        for record, independent_ms in measured:
-            assert abs(record.latency_ms - independent_ms) < FRAME_MS / 2, (record, independent_ms)
-        deadline = time.monotonic() + 5
-        while (client.stats.get("input_to_frame_ms") or {}).get("count", 0) < 4:
-            assert time.monotonic() < deadline, client.stats
-            await asyncio.sleep(0.2)
+        measured = await _measure(client, lambda c, k: c.send_command("bump"), commands=4)
+        _check_names_the_first_frame_after(measured)
+        await _until(lambda: (client.stats.get("input_to_frame_ms") or {}).get("count", 0) >= 4,
+                     "stats counting the four reports")
     finally:
         await client.close()
         ray_serve.delete("latency")

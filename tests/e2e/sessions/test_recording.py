@@ -23,7 +23,15 @@ from reactor_serve.client import connect
 from reactor_serve.client.session import RecordingRefused
 
 MODEL = TEST_MODELS / "recording" / "stamped_av"
-FRAME_TICKS = 90000 / 15
+FPS = 15
+FRAME_TICKS = 90000 / FPS
+# `reactor run` or the dev server, the recording encoder and the client share a loaded
+# machine: waits are for what the frames and messages show, bounded only to fail with a
+# message.
+DEADLINE_S = 60.0
+# The whole test's bound is a last resort, past the sum of its waits on a loaded
+# machine: each wait inside fails first, naming what it awaited.
+pytestmark = pytest.mark.timeout(600)
 
 
 def _read_stamp(image):
@@ -71,7 +79,7 @@ def commands_of(directory):
     return [json.loads(line) for line in lines]
 
 
-async def wait_message(client, type_, timeout=15.0, start=0):
+async def wait_message(client, type_, timeout=DEADLINE_S, start=0):
     def find():
         for envelope in client.peer.messages[start:]:
             data = envelope.get("data") or {}
@@ -82,22 +90,26 @@ async def wait_message(client, type_, timeout=15.0, start=0):
     return (await client.peer.wait_for(find, timeout, type_))["data"]
 
 
-async def frames_for(client, seconds):
-    """Every frame the client got for `seconds`: [(pts, stamp)]."""
+async def frames_for(client, seconds, timeout=DEADLINE_S):
+    """The next frames the client gets, until they span `seconds` of the presentation
+    clock (their pts) and number at least its rate times that: [(pts, stamp)]. Read
+    from the frames, not timed here: a loaded machine delivers them late."""
     seen = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        frame = await client.next_frame()
+    deadline = time.monotonic() + timeout
+    while not seen or seen[-1][0] - seen[0][0] < seconds * 90000 or len(seen) < seconds * FPS:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no frames spanning {seconds} s of the session's clock"
+        frame = await client.next_frame(timeout=remaining)
         seen.append((frame.pts, _read_stamp(frame.image)))
     return seen
 
 
-async def frames_keep_coming(client, count=4, timeout=15.0):
+async def frames_keep_coming(client, count=4, timeout=DEADLINE_S):
     """`count` more frames arrive: counted, not timed (a loaded machine is slow, and
     that is not what these tests look for)."""
     async def take():
         for _ in range(count):
-            await client.next_frame()
+            await client.next_frame(timeout=timeout)
 
     await asyncio.wait_for(take(), timeout)
 
@@ -121,7 +133,7 @@ async def test_recording_on_reactor_run_matches_what_the_client_saw(tmp_path, re
         client.peer.send_raw('{"scope":"application","data":{"type":"set_tint","data":{"tint":NaN}}}')
         ids.append(client.send_command("set_tint", {"tint": 200}))
         seen += await frames_for(client, 1.5)
-        stopped = await client.stop_recording()
+        stopped = await client.stop_recording(timeout=DEADLINE_S)
         seen += await frames_for(client, 0.3)  # the session streams on
     finally:
         await client.close()
@@ -136,8 +148,11 @@ async def test_recording_on_reactor_run_matches_what_the_client_saw(tmp_path, re
     pts = [p for p, _ in frames]
     assert pts[0] == 0
     steps = np.diff(pts)
-    # The presentation clock's own spacing (1/15 s, paced within a few per cent).
-    assert steps.min() > 0.8 * FRAME_TICKS and steps.max() < 1.3 * FRAME_TICKS
+    # The presentation clock's own spacing: never two frames within a tick (the
+    # clock's pace, and the slots it skips when a loaded machine falls behind, are for
+    # benchmarks; the file keeping the clock's pts is checked against what the client
+    # saw below).
+    assert steps.min() > 0.8 * FRAME_TICKS
     assert abs(stopped["seconds"] - pts[-1] / 90000) < 0.01
     # The stamps the client saw at each pts are the stamps in the file at that pts.
     meta = json.loads((directory / "meta.json").read_text())
@@ -187,15 +202,15 @@ async def test_start_stop_and_clip_on_request(tmp_path):
             await frames_for(client, 2.5)
             client.send_command("set_tint", {"tint": 77})
             await frames_for(client, 0.5)
-            clip = await client.save_clip(2)
-            started = await client.start_recording()
+            clip = await client.save_clip(2, timeout=DEADLINE_S)
+            started = await client.start_recording(timeout=DEADLINE_S)
             with pytest.raises(RecordingRefused) as twice:
-                await client.start_recording()
+                await client.start_recording(timeout=DEADLINE_S)
             assert twice.value.data["errors"][0]["rule"] == "already_recording"
             await frames_for(client, 0.8)
-            stopped = await client.stop_recording()
+            stopped = await client.stop_recording(timeout=DEADLINE_S)
             with pytest.raises(RecordingRefused) as none:
-                await client.stop_recording()
+                await client.stop_recording(timeout=DEADLINE_S)
             assert none.value.data["errors"][0]["rule"] == "not_recording"
             await frames_for(client, 0.3)
         finally:
@@ -224,21 +239,25 @@ async def test_limits_stop_the_recording_and_the_session_goes_on(tmp_path):
         client = await connect(app.url)
         try:
             mark = len(client.peer.messages)
-            await client.start_recording()
+            await client.start_recording(timeout=DEADLINE_S)
             stopped = await wait_message(client, "recordingStopped", start=mark)
             assert stopped["reason"] == "limit" and "max_seconds" in stopped["message"]
-            assert 0.9 <= stopped["seconds"] <= 1.2
+            assert stopped["seconds"] >= 1.0
             before = (await client.next_frame()).pts
             client.send_command("set_tint", {"tint": 3})
             frames = await frames_for(client, 0.5)
             assert frames[-1][0] > before and client.state == "streaming"
             # And another recording may start after it.
-            again = await client.start_recording()
+            again = await client.start_recording(timeout=DEADLINE_S)
             assert again["id"] == "2"
         finally:
             await client.close()
     frames, _, _ = read_video(Path(stopped["url"]) / "video.mp4")
-    assert len(frames) == stopped["frames"] and frames[-1][0] / 90000 <= 1.1
+    # It stopped at the first frame that reached the limit, on the session's clock
+    # (however far a loaded machine's clock skipped to reach it).
+    assert len(frames) == stopped["frames"]
+    assert frames[-2][0] < 1.0 * 90000 <= frames[-1][0]
+    assert abs(stopped["seconds"] - frames[-1][0] / 90000) < 0.001
 
 
 async def test_max_bytes_stops_with_reason_limit(tmp_path):
@@ -246,7 +265,7 @@ async def test_max_bytes_stops_with_reason_limit(tmp_path):
         client = await connect(app.url)
         try:
             mark = len(client.peer.messages)
-            await client.start_recording()
+            await client.start_recording(timeout=DEADLINE_S)
             stopped = await wait_message(client, "recordingStopped", start=mark, timeout=60)
             assert stopped["reason"] == "limit" and "max_bytes" in stopped["message"]
             assert stopped["bytes"] >= 100_000
@@ -263,18 +282,18 @@ async def test_unwritable_destination_is_reported_and_the_session_streams_on(tmp
         client = await connect(app.url)
         try:
             with pytest.raises(RecordingRefused) as refused:
-                await client.start_recording()
+                await client.start_recording(timeout=DEADLINE_S)
             assert refused.value.data["errors"][0]["rule"] == "write_failed"
             assert "cannot write" in refused.value.data["message"]
             with pytest.raises(RecordingRefused):
-                await client.save_clip(1)
+                await client.save_clip(1, timeout=DEADLINE_S)
             client.send_command("set_tint", {"tint": 7})
             await frames_keep_coming(client)
             assert client.state == "streaming"
             # A bad command still gets its commandError: the session is whole.
             mark = len(client.peer.messages)
             client.send_command("set_tint", {"tint": -1})
-            error = await client.next_message("commandError", after=mark)
+            error = await client.next_message("commandError", after=mark, timeout=DEADLINE_S)
             assert error["data"]["command"] == "set_tint"
         finally:
             await client.close()
@@ -288,7 +307,7 @@ async def test_a_model_that_did_not_opt_in_refuses_and_hostile_requests_get_erro
             error = await wait_message(client, "recordingError")
             assert error["errors"][0]["rule"] == "not_enabled" and "recording" in error["message"]
             with pytest.raises(RecordingRefused) as refused:
-                await client.start_recording()
+                await client.start_recording(timeout=DEADLINE_S)
             assert "does not allow recording" in str(refused.value)
             await frames_for(client, 0.3)
         finally:
@@ -303,17 +322,18 @@ async def test_a_model_that_did_not_opt_in_refuses_and_hostile_requests_get_erro
             for seconds, rule in [("2", "type"), (-1, "out_of_range"), (0, "out_of_range"),
                                   (1e300, "out_of_range"), (True, "type"), (3.5, "out_of_range")]:
                 with pytest.raises(RecordingRefused) as refused:
-                    await client.save_clip(seconds)
+                    await client.save_clip(seconds, timeout=DEADLINE_S)
                 assert refused.value.data["errors"][0]["rule"] == rule, seconds
             with pytest.raises(RecordingRefused) as refused:
-                await client._recording_request("startRecording", {"now": True}, "recordingStarted", 10)
+                await client._recording_request("startRecording", {"now": True}, "recordingStarted",
+                                                DEADLINE_S)
             assert refused.value.data["errors"][0]["rule"] == "unknown_field"
             # NaN cannot be read as JSON: the frame is dropped, and the session goes on.
             client.peer.send_raw('{"scope":"runtime","data":{"type":"saveClip","data":{"seconds":NaN}}}')
             client.peer.send_raw('{"scope":"runtime","data":{"type":"saveClip","data":[1]}}')
             await frames_keep_coming(client)
             assert client.state == "streaming"
-            assert (await client.save_clip(1))["frames"] > 0
+            assert (await client.save_clip(1, timeout=DEADLINE_S))["frames"] > 0
         finally:
             await client.close()
 
@@ -325,12 +345,12 @@ async def test_fsspec_memory_destination_receives_the_files(tmp_path):
     with DevServer(model_dir(tmp_path, destination=prefix)) as app:
         client = await connect(app.url)
         try:
-            await client.start_recording()
+            await client.start_recording(timeout=DEADLINE_S)
             await frames_for(client, 1.0)
             client.send_command("poke", {})
             await frames_for(client, 0.3)
-            stopped = await client.stop_recording()
-            clip = await client.save_clip(1)
+            stopped = await client.stop_recording(timeout=DEADLINE_S)
+            clip = await client.save_clip(1, timeout=DEADLINE_S)
         finally:
             await client.close()
     assert stopped["url"].startswith(prefix + "/stamped-av/")
@@ -363,7 +383,6 @@ async def test_the_session_ending_finalises_the_recording(tmp_path):
 # ---- Serve: a replica records its session ---------------------------------------------------
 
 
-@pytest.mark.timeout(300)
 async def test_recording_on_a_serve_replica(ray_serve, tmp_path):
     destination = tmp_path / "serve-recordings"
     # The model config leaves recording off; serve_config.yaml's entry turns it on.
@@ -378,7 +397,7 @@ async def test_recording_on_a_serve_replica(ray_serve, tmp_path):
             await frames_for(client, 1.0)
             client.send_command("set_tint", {"tint": 42})
             await frames_for(client, 0.5)
-            stopped = await client.stop_recording()
+            stopped = await client.stop_recording(timeout=DEADLINE_S)
         finally:
             await client.close()
         assert stopped["id"] == started["id"] and stopped["url"].startswith(str(destination))
@@ -435,30 +454,31 @@ async def test_disk_full_and_failed_uploads_stop_the_recording_not_the_session(t
             directory.mkdir(parents=True)
             (directory / "video.mp4").symlink_to("/dev/full")
             mark = len(client.peer.messages)
-            await client.start_recording()
+            await client.start_recording(timeout=DEADLINE_S)
             stopped = await wait_message(client, "recordingStopped", start=mark)
             assert stopped["reason"] == "error" and "space" in stopped["message"].lower()
             client.send_command("set_tint", {"tint": 9})
             await frames_keep_coming(client)
             assert client.state == "streaming"
             # The next recording works.
-            await client.start_recording()
+            await client.start_recording(timeout=DEADLINE_S)
             await frames_for(client, 0.5)
-            assert (await client.stop_recording())["frames"] > 3
+            assert (await client.stop_recording(timeout=DEADLINE_S))["frames"] > 3
         finally:
             await client.close()
     shutil.rmtree(tmp_path / "model")
     with DevServer(model_dir(tmp_path, destination="nosuchstore://bucket/prefix")) as app:
         client = await connect(app.url)
         try:
-            await client.start_recording()
+            await client.start_recording(timeout=DEADLINE_S)
             await frames_for(client, 0.5)
-            stopped = await client.stop_recording()
+            stopped = await client.stop_recording(timeout=DEADLINE_S)
             assert stopped["reason"] == "error" and "uploading to nosuchstore://" in stopped["message"]
             # The files stay where they were written, complete.
             frames, _, _ = read_video(Path(stopped["url"]) / "video.mp4")
             assert len(frames) == stopped["frames"]
-            assert client.state == "streaming" and len(await frames_for(client, 0.3)) > 2
+            await frames_keep_coming(client, 3)
+            assert client.state == "streaming"
         finally:
             await client.close()
 
@@ -470,7 +490,7 @@ async def test_shutting_down_reactor_run_finalises_the_recording(tmp_path, react
         started = await wait_message(client, "recordingStarted")
         await frames_for(client, 1.0)
         await asyncio.to_thread(run.stop)  # SIGTERM: the server shuts down
-        await client.wait_closed(timeout=30)
+        await client.wait_closed(timeout=DEADLINE_S)
     finally:
         await client.close()
     directory = Path(started["url"])

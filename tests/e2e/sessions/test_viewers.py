@@ -21,6 +21,12 @@ from reactor_serve.client import SessionRefused, ViewerCannotCommand, connect, w
 STAMPED = TEST_MODELS / "viewer" / "stamped"
 
 _spec = importlib.util.spec_from_file_location("_stamped_model", STAMPED / "model.py")
+# Servers, the shared encoder, several aiortc peers (and Chromium) on a loaded machine:
+# waits are for what the frames and messages show, bounded only to fail with a message.
+DEADLINE_S = 60.0
+# The whole test's bound is a last resort, past the sum of its waits on a loaded
+# machine: each wait inside fails first, naming what it awaited.
+pytestmark = pytest.mark.timeout(600)
 
 
 def read_stamp(image):
@@ -34,19 +40,19 @@ async def collect(client, count):
     """{stamp: image} of the next `count` frames `client` receives."""
     seen = {}
     for _ in range(count):
-        frame = await client.next_frame(timeout=15)
+        frame = await client.next_frame(timeout=DEADLINE_S)
         seen[read_stamp(frame.image)] = frame.image
     return seen
 
 
-async def stats_with(client, predicate, timeout=15.0):
+async def stats_with(client, predicate, timeout=DEADLINE_S):
     """The first `stats` of the session that satisfies `predicate`."""
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
         stats = client.stats
         if stats and predicate(stats):
             return stats
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # the poll interval of a wait with a deadline
     raise AssertionError(f"no stats matching within {timeout} s; last: {client.stats}")
 
 
@@ -55,7 +61,7 @@ async def test_a_viewer_sees_the_owners_frames_and_cannot_steer(reactor_run):
     owner = await connect(run.url)
     viewer = None
     try:
-        await owner.next_frame()
+        await owner.next_frame(timeout=DEADLINE_S)
         link = await owner.viewer_link()
         token = link["viewer_token"]
         assert token != owner.session_id and owner.session_id not in str(link)
@@ -71,9 +77,11 @@ async def test_a_viewer_sees_the_owners_frames_and_cannot_steer(reactor_run):
         for stamp in common:
             difference = np.abs(mine[stamp].astype(int) - theirs[stamp].astype(int)).mean()
             assert difference < 12, (stamp, difference)
-        # Consecutive stamps in order: a stream, not stray frames.
-        stamps = [read_stamp((await viewer.next_frame()).image) for _ in range(10)]
-        assert all(0 < (b - a) % 1024 <= 3 for a, b in zip(stamps, stamps[1:])), stamps
+        # Consecutive stamps in order: a stream, not stray frames. (How many stamps lie
+        # between two frames is how many the shared encoder skipped while busy, which a
+        # loaded machine makes more of: the rate is for benchmarks.)
+        stamps = [read_stamp((await viewer.next_frame(timeout=DEADLINE_S)).image) for _ in range(10)]
+        assert all(0 < (b - a) % 1024 < 512 for a, b in zip(stamps, stamps[1:])), stamps
 
         # A viewer's command is refused by the client, and by the server if sent anyway:
         # the model never applies it (it echoes every command it applies).
@@ -81,31 +89,31 @@ async def test_a_viewer_sees_the_owners_frames_and_cannot_steer(reactor_run):
             viewer.send_command("set_tint", {"tint": 7})
         mark = len(viewer.peer.messages)
         viewer.peer.send_command("set_tint", {"tint": 7})
-        error = await viewer.next_message("commandError", scope="runtime", after=mark)
+        error = await viewer.next_message("commandError", scope="runtime", after=mark,
+                                          timeout=DEADLINE_S)
         assert error["data"]["command"] == "set_tint"
         assert "viewers cannot send commands" in error["data"]["message"]
         # Garbage on a viewer's channel is dropped; the viewer and the session go on.
         for raw in (b"\xff\xfe", "null", "[]", "{" * 300, '{"scope": "application"}',
                     '{"scope": "application", "data": {"type": "set_tint", "data": {"tint": NaN}}}'):
             viewer.peer.send_raw(raw)
-        before = (await viewer.next_frame()).index
-        assert (await viewer.next_frame()).index > before and not viewer.closed
+        before = (await viewer.next_frame(timeout=DEADLINE_S)).index
+        assert (await viewer.next_frame(timeout=DEADLINE_S)).index > before and not viewer.closed
         # The owner's command is applied; the viewer sees the model's echo of it too.
         owner_mark, viewer_mark = len(owner.peer.messages), len(viewer.peer.messages)
         owner.send_command("set_tint", {"tint": 200})
-        applied = await owner.next_message("applied", after=owner_mark)
+        applied = await owner.next_message("applied", after=owner_mark, timeout=DEADLINE_S)
         assert applied["data"]["args"] == {"tint": 200}
-        echoed = await viewer.next_message("applied", after=viewer_mark)
+        echoed = await viewer.next_message("applied", after=viewer_mark, timeout=DEADLINE_S)
         assert echoed["data"]["args"] == {"tint": 200}
         everything = [e.get("data", {}) for e in owner.peer.messages + viewer.peer.messages]
         assert not any(m.get("type") == "applied" and m["data"]["args"]["tint"] == 7
                        for m in everything)
         # The viewer sees the owner's change in the picture.
-        for _ in range(30):
-            frame = await viewer.next_frame()
-            if frame.image[96:, :].mean() > 180:
-                break
-        assert frame.image[96:, :].mean() > 180
+        deadline = asyncio.get_running_loop().time() + DEADLINE_S
+        while (await viewer.next_frame(timeout=DEADLINE_S)).image[96:, :].mean() <= 180:
+            assert asyncio.get_running_loop().time() < deadline, \
+                "the owner's tint never showed on the viewer"
         stats = await stats_with(viewer, lambda s: s.get("viewers") == 1)
         assert "session_id" not in stats
 
@@ -113,8 +121,8 @@ async def test_a_viewer_sees_the_owners_frames_and_cannot_steer(reactor_run):
         await viewer.close()
         viewer = None
         await stats_with(owner, lambda s: s.get("viewers") == 0)
-        before = (await owner.next_frame()).index
-        assert (await owner.next_frame()).index > before
+        before = (await owner.next_frame(timeout=DEADLINE_S)).index
+        assert (await owner.next_frame(timeout=DEADLINE_S)).index > before
         assert owner.state == "streaming"
     finally:
         if viewer is not None:
@@ -127,17 +135,16 @@ async def test_one_encode_per_frame_whatever_the_viewers_and_a_limit(reactor_run
     owner = await connect(run.url)
     viewers = []
     try:
-        await owner.next_frame()
+        await owner.next_frame(timeout=DEADLINE_S)
         link = await owner.viewer_link()
         assert (await owner.viewer_link())["viewer_token"] == link["viewer_token"]
         for count in (1, 2, 4):
             while len(viewers) < count:
                 viewers.append(await watch(run.url, link["viewer_token"]))
             for v in viewers:
-                await v.next_frame(timeout=15)
+                await v.next_frame(timeout=DEADLINE_S)
             stats = await stats_with(owner, lambda s: s.get("viewers") == count)
             start = stats["viewer_encoding"]
-            await asyncio.sleep(2.0)
             stats = await stats_with(
                 owner, lambda s: s["viewer_encoding"]["presented"] >= start["presented"] + 15)
             encoding = stats["viewer_encoding"]
@@ -148,22 +155,23 @@ async def test_one_encode_per_frame_whatever_the_viewers_and_a_limit(reactor_run
             encodes = encoding["encodes"] - start["encodes"]
             assert 0 < encodes <= presented + 1, (count, encoding, start)
             for v in viewers:
-                await v.next_frame(timeout=15)
+                await v.next_frame(timeout=DEADLINE_S)
 
         # The fifth viewer is refused, naming the limit; the four go on.
         with pytest.raises(SessionRefused) as refused:
             await watch(run.url, link["viewer_token"])
         assert refused.value.status == 429 and "max_viewers" in str(refused.value)
         for v in viewers:
-            await v.next_frame(timeout=15)
+            await v.next_frame(timeout=DEADLINE_S)
 
         # The session ending ends every viewer with sessionEnded.
         marks = [len(v.peer.messages) for v in viewers]
         await owner.close()
         for v, mark in zip(viewers, marks):
-            ended = await v.next_message("sessionEnded", scope="runtime", after=mark, timeout=15)
+            ended = await v.next_message("sessionEnded", scope="runtime", after=mark,
+                                         timeout=DEADLINE_S)
             assert ended["data"]["reason"] == "client_closed"
-            await v.wait_closed(timeout=15)
+            await v.wait_closed(timeout=DEADLINE_S)
         # Its token died with it.
         with pytest.raises(SessionRefused) as gone:
             await watch(run.url, link["viewer_token"])
@@ -178,10 +186,10 @@ async def test_a_viewer_token_is_no_session_id_and_bad_input_is_refused(reactor_
     run = reactor_run(STAMPED)
     owner = await connect(run.url)
     try:
-        await owner.next_frame()
+        await owner.next_frame(timeout=DEADLINE_S)
         link = await owner.viewer_link()
         token = link["viewer_token"]
-        async with httpx.AsyncClient(base_url=run.url, timeout=10) as http:
+        async with httpx.AsyncClient(base_url=run.url, timeout=DEADLINE_S) as http:
             # The token opens nothing of the session's own routes.
             assert (await http.post("/stop_session", json={"session_id": token})).status_code == 404
             assert (await http.get("/session", params={"session_id": token})).status_code == 404
@@ -215,8 +223,8 @@ async def test_a_viewer_token_is_no_session_id_and_bad_input_is_refused(reactor_
         again = await owner.viewer_link()
         assert again["viewer_token"] != token
         # The owner's session never noticed any of it.
-        before = (await owner.next_frame()).index
-        assert (await owner.next_frame()).index > before and owner.state == "streaming"
+        before = (await owner.next_frame(timeout=DEADLINE_S)).index
+        assert (await owner.next_frame(timeout=DEADLINE_S)).index > before and owner.state == "streaming"
     finally:
         await owner.close()
 
@@ -226,15 +234,15 @@ async def test_owner_reconnect_keeps_its_viewers(reactor_run):
     owner = await connect(run.url)
     viewer = None
     try:
-        await owner.next_frame()
+        await owner.next_frame(timeout=DEADLINE_S)
         viewer = await watch(run.url, (await owner.viewer_link())["viewer_token"])
-        await viewer.next_frame(timeout=15)
+        await viewer.next_frame(timeout=DEADLINE_S)
         # The owner's transport drops; it reconnects on the same session.
         await owner.peer.pc.close()
-        await owner.wait_state("reconnecting", timeout=15)
-        await owner.wait_state("streaming", timeout=30)
-        first = read_stamp((await viewer.next_frame(timeout=15)).image)
-        later = read_stamp((await viewer.next_frame(timeout=15)).image)
+        await owner.wait_state("reconnecting", timeout=DEADLINE_S)
+        await owner.wait_state("streaming", timeout=DEADLINE_S)
+        first = read_stamp((await viewer.next_frame(timeout=DEADLINE_S)).image)
+        later = read_stamp((await viewer.next_frame(timeout=DEADLINE_S)).image)
         assert first != later and not viewer.closed
     finally:
         if viewer is not None:
@@ -242,7 +250,6 @@ async def test_owner_reconnect_keeps_its_viewers(reactor_run):
         await owner.close()
 
 
-@pytest.mark.timeout(300)
 async def test_viewers_through_serve(ray_serve):
     from reactor_serve.serve.session_directory import SessionDirectory
 
@@ -253,7 +260,7 @@ async def test_viewers_through_serve(ray_serve):
     owner = await connect(model)
     viewer = None
     try:
-        await owner.next_frame(timeout=30)
+        await owner.next_frame(timeout=DEADLINE_S)
         link = await owner.viewer_link()
         assert owner.session_id not in str(link)
         assert link["url"].startswith(model + "/?watch=")
@@ -263,11 +270,12 @@ async def test_viewers_through_serve(ray_serve):
         # Refused on the replica, never applied by the model.
         mark = len(viewer.peer.messages)
         viewer.peer.send_command("set_tint", {"tint": 9})
-        error = await viewer.next_message("commandError", scope="runtime", after=mark)
+        error = await viewer.next_message("commandError", scope="runtime", after=mark,
+                                          timeout=DEADLINE_S)
         assert "viewers cannot send commands" in error["data"]["message"]
         owner_mark = len(owner.peer.messages)
         owner.send_command("set_tint", {"tint": 31})
-        applied = await owner.next_message("applied", after=owner_mark)
+        applied = await owner.next_message("applied", after=owner_mark, timeout=DEADLINE_S)
         assert applied["data"]["args"] == {"tint": 31}
         assert not any((e.get("data") or {}).get("type") == "applied"
                        and e["data"]["data"]["args"]["tint"] == 9 for e in owner.peer.messages)
@@ -278,15 +286,15 @@ async def test_viewers_through_serve(ray_serve):
         assert sum(counts["by_replica"].values()) == 1
         # The replica's viewers gauge counts it.
         pattern = re.compile(r'^ray_reactor_viewers\{[^}]*application="viewers"[^}]*\} 1(\.0)?$', re.M)
-        async with httpx.AsyncClient(timeout=10) as http:
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as http:
             for _ in range(60):
                 exported = (await http.get(f"http://127.0.0.1:{ray_serve.metrics_port}/metrics")).text
                 if pattern.search(exported):
                     break
-                await asyncio.sleep(1)
+                await asyncio.sleep(1)  # the poll interval of a wait of a minute for the gauge
             else:
                 raise AssertionError("ray_reactor_viewers never showed the viewer")
-        async with httpx.AsyncClient(timeout=10) as http:
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as http:
             token = link["viewer_token"]
             assert (await http.post(f"{model}/stop_session",
                                     json={"session_id": token})).status_code == 404
@@ -300,7 +308,8 @@ async def test_viewers_through_serve(ray_serve):
         # The session ending ends its viewer with sessionEnded.
         mark = len(viewer.peer.messages)
         await owner.close()
-        ended = await viewer.next_message("sessionEnded", scope="runtime", after=mark, timeout=20)
+        ended = await viewer.next_message("sessionEnded", scope="runtime", after=mark,
+                                          timeout=DEADLINE_S)
         assert ended["data"]["reason"] == "client_closed"
         with pytest.raises(SessionRefused) as gone:
             await watch(model, token)
@@ -333,7 +342,7 @@ async def app_server(**settings):
         deadline = time.monotonic() + 60
         while not server.started:
             assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the poll interval of a wait with a deadline
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
@@ -345,7 +354,7 @@ async def test_h264_viewers_share_one_h264_encode():
         owner = await connect(base)
         viewers = []
         try:
-            await owner.next_frame()
+            await owner.next_frame(timeout=DEADLINE_S)
             token = (await owner.viewer_link())["viewer_token"]
             viewers = [await watch(base, token), await watch(base, token)]
             mine, *theirs = await asyncio.gather(
@@ -363,12 +372,13 @@ async def test_h264_viewers_share_one_h264_encode():
             marks = [len(v.peer.messages) for v in viewers]
             assert await owner.revoke_viewer_link() is True
             for v, mark in zip(viewers, marks):
-                ended = await v.next_message("sessionEnded", scope="runtime", after=mark)
+                ended = await v.next_message("sessionEnded", scope="runtime", after=mark,
+                                             timeout=DEADLINE_S)
                 assert ended["data"]["reason"] == "revoked"
-                await v.wait_closed(timeout=15)
+                await v.wait_closed(timeout=DEADLINE_S)
             await stats_with(owner, lambda s: s.get("viewers") == 0)
-            before = (await owner.next_frame()).index
-            assert (await owner.next_frame()).index > before and owner.state == "streaming"
+            before = (await owner.next_frame(timeout=DEADLINE_S)).index
+            assert (await owner.next_frame(timeout=DEADLINE_S)).index > before and owner.state == "streaming"
         finally:
             for v in viewers:
                 await v.close()
@@ -379,7 +389,7 @@ async def test_a_model_without_viewers_refuses_links():
     async with app_server(max_viewers=0) as base:
         owner = await connect(base)
         try:
-            await owner.next_frame()
+            await owner.next_frame(timeout=DEADLINE_S)
             with pytest.raises(SessionRefused) as refused:
                 await owner.viewer_link()
             assert refused.value.status == 409 and "max_viewers" in str(refused.value)
@@ -391,22 +401,21 @@ async def test_a_model_without_viewers_refuses_links():
 # --------------------------------------------------------------------------- the page
 
 
-@pytest.mark.timeout(240)
 def test_the_page_shares_a_view_and_opens_it_in_viewer_mode(browser, page, reactor_run):
     from browser_pages import brightness, frame_count, wait_for
 
     video = "#outputs video"
     run = reactor_run("examples/gradient")
     page.goto(run.url + "/")
-    wait_for(lambda: page.inner_text("#connection") == "connected", 30, "the owner's page")
-    wait_for(lambda: frame_count(page, video) > 10, 20, "the owner's frames")
+    wait_for(lambda: page.inner_text("#connection") == "connected", DEADLINE_S, "the owner's page")
+    wait_for(lambda: frame_count(page, video) > 10, DEADLINE_S, "the owner's frames")
     # The controls come with the schema, asked for again on a reconnect: on a loaded
     # machine the page may have had to reconnect once.
-    page.wait_for_selector("#control-set_brightness", state="attached", timeout=30_000)
+    page.wait_for_selector("#control-set_brightness", state="attached", timeout=DEADLINE_S * 1000)
 
     # "Share view" gets the session's viewer link and shows it.
     page.click("#share")
-    page.wait_for_selector("#share-link", state="visible", timeout=10_000)
+    page.wait_for_selector("#share-link", state="visible", timeout=DEADLINE_S * 1000)
     link = page.input_value("#share-link")
     assert "?watch=" in link and link.startswith(run.url)
     session_id = page.evaluate("window.reactorSession.sessionId")
@@ -417,8 +426,9 @@ def test_the_page_shares_a_view_and_opens_it_in_viewer_mode(browser, page, react
         viewer = viewer_context.new_page()
         viewer.on("console", lambda message: print(f"[viewer console.{message.type}] {message.text}"))
         viewer.goto(link)
-        wait_for(lambda: viewer.inner_text("#connection") == "connected", 30, "the viewer's page")
-        wait_for(lambda: frame_count(viewer, video) > 10, 20, "the viewer's frames")
+        wait_for(lambda: viewer.inner_text("#connection") == "connected", DEADLINE_S,
+                 "the viewer's page")
+        wait_for(lambda: frame_count(viewer, video) > 10, DEADLINE_S, "the viewer's frames")
         # Watch only: no controls, no inputs, no share button, no camera asked for.
         assert viewer.query_selector("#control-set_brightness") is None
         assert not viewer.is_visible("#controls") and not viewer.is_visible("#share")
@@ -429,22 +439,24 @@ def test_the_page_shares_a_view_and_opens_it_in_viewer_mode(browser, page, react
             " catch (err) { return err.message; } }")
         assert refused == "viewers cannot send commands"
         # The stats overlay runs in viewer mode too.
-        wait_for(lambda: viewer.inner_text("#stat-fps") not in ("", "–"), 10, "the viewer's fps")
+        wait_for(lambda: viewer.inner_text("#stat-fps") not in ("", "–"), DEADLINE_S,
+                 "the viewer's fps")
 
         # The owner darkens the picture: the viewer sees it.
-        bright = wait_for(lambda: brightness(viewer, video), 10, "a picture")
+        bright = wait_for(lambda: brightness(viewer, video), DEADLINE_S, "a picture")
         page.eval_on_selector("#control-set_brightness", """(input) => {
             input.value = "0.2";
             input.dispatchEvent(new Event("input", { bubbles: true }));
             input.dispatchEvent(new Event("change", { bubbles: true }));
         }""")
-        wait_for(lambda: (brightness(viewer, video) or 255) < bright * 0.5, 10,
+        wait_for(lambda: (brightness(viewer, video) or 255) < bright * 0.5, DEADLINE_S,
                  "the owner's change to show on the viewer's page")
 
         # The viewer leaves; the owner's session goes on.
         viewer.click("#stop")
         shown = frame_count(page, video)
-        wait_for(lambda: frame_count(page, video) > shown + 15, 10, "the owner's frames after")
+        wait_for(lambda: frame_count(page, video) > shown + 15, DEADLINE_S,
+                 "the owner's frames after")
         assert page.inner_text("#connection") == "connected"
     finally:
         viewer_context.close()
