@@ -19,7 +19,7 @@ def host_of():
             host = ModelHost.from_manifest(model, **kwargs)
         else:
             host = ModelHost(model, config, **kwargs)
-        host.start(timeout=30)
+        host.start(timeout=60)
         hosts.append(host)
         return host
 
@@ -187,7 +187,7 @@ def page(browser):
 class ReactorRun:
     """`reactor run DIR` as a real subprocess on a free port."""
 
-    def __init__(self, model_dir, *args, timeout=60.0):
+    def __init__(self, model_dir, *args, timeout=180.0):
         import subprocess
         import sys
         import tempfile
@@ -198,26 +198,32 @@ class ReactorRun:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="reactor-run-", suffix=".log")
+        self._final_output: str | None = None
         self.process = subprocess.Popen(
             [sys.executable, "-m", "reactor_serve.cli", "run", str(model_dir),
              "--port", str(self.port), *args],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
+        # A bound on a start that hangs, not a speed: a loaded machine imports torch,
+        # aiortc and the model slowly.
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(f"reactor run exited with {self.process.returncode}:\n{self.output()}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=10).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"reactor run did not answer in {timeout} s:\n{self.output()}")
-            time.sleep(0.2)
+            time.sleep(0.2)  # poll interval of the bounded wait above
 
     def output(self):
+        """What the server printed; still readable after stop()."""
+        if self._final_output is not None:
+            return self._final_output
         self.log.seek(0)
         return self.log.read()
 
@@ -227,11 +233,13 @@ class ReactorRun:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(15)
+                self.process.wait(30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        self.log.close()
+        if self._final_output is None:
+            self._final_output = self.output()
+            self.log.close()
 
 
 @pytest.fixture
