@@ -11,14 +11,16 @@ pytest has exited is one the suite failed to end, whoever started it.
     python .ci/leftovers.py VALUE [--grace SECONDS]
 
 Processes still shutting down get `--grace` seconds to go (Ray's workers exit a moment
-after their raylet); whatever is left then is printed, one line each, and the exit
-status is 1. With nothing left it prints one line and exits 0.
+after their raylet); whatever is left then is printed, one line each, then killed, so
+that a red run does not leave its servers to the next one, and the exit status is 1.
+With nothing left it prints one line and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -46,19 +48,20 @@ def _describe(pid: str) -> str:
     return f"pid {pid} ({state}): {cmdline.decode(errors='replace')[:300]}"
 
 
-def processes_carrying(value: str) -> list[str]:
-    """A line for each live process whose environment has REACTOR_TEST_RUN=value (a
-    zombie has no environment left to read: it is its parent's leak, and goes with it)."""
+def processes_carrying(value: str) -> dict[int, str]:
+    """{pid: a line naming it} for each live process whose environment has
+    REACTOR_TEST_RUN=value (a zombie has no environment left to read: it is its
+    parent's leak, and goes with it)."""
     needle = f"{VARIABLE}={value}".encode()
     me = str(os.getpid())
-    found = []
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or entry == me:
             continue
         if needle in _environ(entry).split(b"\0"):
             line = _describe(entry)
             if line:
-                found.append(line)
+                found[int(entry)] = line
     return found
 
 
@@ -77,9 +80,14 @@ def main(argv: list[str] | None = None) -> int:
             break
         time.sleep(0.5)
     if left:
-        print(f"leftovers: {len(left)} process(es) the test run started are still running:")
-        for line in left:
+        print(f"leftovers: {len(left)} process(es) the test run started are still running "
+              "(now killed):")
+        for pid, line in left.items():
             print(f"  {line}")
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # gone meanwhile, or not ours to signal
+                pass
         return 1
     print("leftovers: none; every process the test run started has ended")
     return 0

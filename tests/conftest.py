@@ -340,9 +340,9 @@ SERVER_FIXTURES = frozenset({
     "ray_serve", "serve_examples", "reactor_run", "browser", "page", "postgres", "coturn",
 })
 E2E_ROOT = Path(__file__).parent / "e2e"
-# The pytest-xdist group of every test that needs the test session's Ray Serve. Each
-# worker is a test session of its own, and a local Ray with Serve running holds a share
-# of the machine's cores even when idle: one worker runs all of them, on one Ray.
+# The worker group of every test that needs the test session's Ray Serve. Each worker
+# is a test session of its own, and a local Ray with Serve running holds a share of the
+# machine's cores even when idle: one worker runs all of them, on one Ray.
 RAY_GROUP = "ray-serve"
 
 
@@ -355,13 +355,59 @@ def _starts_a_server(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark end-to-end tests `e2e`, and group tests for pytest-xdist's loadgroup: the
-    Ray Serve tests together, every other module's tests together (so a module-scoped
-    server starts once, on one worker). A test module may name its own group."""
-    grouping = config.pluginmanager.hasplugin("xdist")
+    """Mark end-to-end tests `e2e`, and give each test its worker group: the Ray Serve
+    tests one, every other module's tests one each (so that a module-scoped server
+    starts once, on one worker). A test module may name its own group."""
     for item in items:
         if _starts_a_server(item):
             item.add_marker(pytest.mark.e2e)
-        if grouping and item.get_closest_marker("xdist_group") is None:
+        if item.get_closest_marker("xdist_group") is None:
             group = RAY_GROUP if "ray_serve" in item.fixturenames else item.path.name
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+GROUPS_DIRECTORY = pytest.StashKey[str]()
+
+
+def _groups_directory(config: pytest.Config) -> str:
+    """The controller's directory for the workers' groups (tests/support/worker_groups.py)."""
+    if GROUPS_DIRECTORY not in config.stash:
+        config.stash[GROUPS_DIRECTORY] = tempfile.mkdtemp(prefix="reactor-test-groups-")
+    return config.stash[GROUPS_DIRECTORY]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    from worker_groups import WORKER_INPUT_KEY
+
+    node.workerinput[WORKER_INPUT_KEY] = _groups_directory(node.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadscope` (addopts) schedules by the groups above."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from worker_groups import GroupScheduling
+
+    return GroupScheduling(config, log, directory=_groups_directory(config))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    workerinput = getattr(session.config, "workerinput", None)
+    if workerinput is None:
+        return
+    from worker_groups import WORKER_INPUT_KEY, write_groups
+
+    if WORKER_INPUT_KEY in workerinput:
+        write_groups(workerinput[WORKER_INPUT_KEY], workerinput["workerid"], {
+            item.nodeid: item.get_closest_marker("xdist_group").args[0]
+            for item in session.items
+        })
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if GROUPS_DIRECTORY in config.stash:
+        import shutil
+
+        shutil.rmtree(config.stash[GROUPS_DIRECTORY], ignore_errors=True)
