@@ -14,7 +14,13 @@ replica rather than draining a busy one.
 
 Serve calls `choose_replicas` for each waiting session; each rank it returns is tried
 in order (its queue length read from Serve's cache, or probed), and a full replica is
-passed over for the next rank, so a session never waits while any seat is free.
+passed over for the next rank, so a session never waits while any seat is free. The
+order is by age alone, never by the cached counts: each ingress replica's router
+counts only the sessions it sent itself and what it probed up to Serve's cache
+timeout ago, so an old replica whose sessions ended through another ingress replica
+still looks full to it. Serve probes a replica its cache counts as full before passing
+it over, so at its rank the old replica is asked afresh, where ranking it behind the
+"free" ones would hand the session to a younger replica.
 Requests keep Serve's FIFO order (`FIFOMixin`).
 """
 
@@ -59,28 +65,19 @@ def _started_at(replica: RunningReplica) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value == value else None
 
 
-def packing_order(
-    seats_used: dict[str, int | None], seats: dict[str, int],
-    seen: dict[str, Any] | None = None,
-) -> list[str]:
-    """Replica ids, those with a free seat (or an unknown count) oldest first, then
-    the full ones (tried last: Serve's figure may be stale). `seen` gives each an age
-    key (`age_keys`), smaller being older; other ties keep the given order.
+def packing_order(replicas: list[str], seen: dict[str, Any] | None = None) -> list[str]:
+    """Replica ids oldest first: `seen` gives each an age key (`age_keys`), smaller
+    being older; replicas without one, or of one age, keep the given order.
 
     First fit by age rather than fullest first: the fullest replica may be the newest,
     the one Serve stops first, and sessions sent there would keep it busy while an
     older replica idles."""
     seen = seen or {}
-
-    def key(replica: str) -> tuple[Any, ...]:
-        full = int((seats_used.get(replica) or 0) >= seats[replica])
-        return (full, seen[replica]) if replica in seen else (full,)
-
-    return sorted(seats_used, key=key)
+    return sorted(replicas, key=lambda replica: (0, seen[replica]) if replica in seen else (1,))
 
 
 class SeatPackingRouter(FIFOMixin, RequestRouter):
-    """Offers the replicas with a free seat, oldest first, one rank each."""
+    """Offers the replicas oldest first, one rank each; Serve passes over the full."""
 
     def initialize_state(self, **kwargs: object) -> None:
         # Replica id -> when this router first saw it: the order replicas came up in
@@ -108,10 +105,7 @@ class SeatPackingRouter(FIFOMixin, RequestRouter):
     ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
-        cache = self.replica_queue_len_cache
         by_id = {str(r.replica_id): r for r in candidate_replicas}
-        used = {rid: cache.get(r.replica_id) for rid, r in by_id.items()}
-        seats = {rid: r.max_ongoing_requests for rid, r in by_id.items()}
         seen = age_keys({rid: _started_at(r) for rid, r in by_id.items()},
                         self._ages(list(by_id)))
-        return [[by_id[rid]] for rid in packing_order(used, seats, seen)]
+        return [[by_id[rid]] for rid in packing_order(list(by_id), seen)]
