@@ -6,19 +6,11 @@ import asyncio
 import numpy as np
 import pytest
 from aiortc.mediastreams import MediaStreamError
+from waits import within_deadline
 
 from reactor_serve.sessions.media_tracks import PacedAudioTrack, PacedVideoTrack
 
 IMAGE = np.zeros((4, 6, 3), np.uint8)
-# Only a bound for a test that would otherwise hang on a loaded machine.
-WAIT_S = 30.0
-
-
-async def within_deadline(awaitable, what):
-    try:
-        return await asyncio.wait_for(awaitable, WAIT_S)
-    except asyncio.TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 async def test_a_paused_video_track_sends_nothing_until_resumed():

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 from paths import ROOT, TEST_MODELS
+from waits import within_deadline
 
 from reactor_serve.client.peer import ClientPeer
 from reactor_serve.protocol import model_documents
@@ -24,14 +25,6 @@ REFERENCE = TEST_MODELS / "reference"
 EXAMPLES = ROOT / "examples"
 # Real peers, a model thread and codecs on a shared, loaded machine.
 WAIT_S = 60.0
-
-
-async def within_deadline(awaitable, what):
-    """Await `awaitable`; if it hangs past `WAIT_S`, fail saying what was awaited."""
-    try:
-        return await asyncio.wait_for(awaitable, WAIT_S)
-    except asyncio.TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 @pytest.fixture

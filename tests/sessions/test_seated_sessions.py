@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from aiortc import RTCPeerConnection
 from conftest import connected
+from waits import within_deadline
 
 from reactor_serve.client.peer import ClientPeer
 from reactor_serve.interface import (
@@ -106,14 +107,6 @@ async def wait_until(predicate, timeout=WAIT_S, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)  # the poll interval; the deadline above is the bound
-
-
-async def within_deadline(awaitable, what):
-    """Await `awaitable`; if it hangs past `WAIT_S`, fail saying what was awaited."""
-    try:
-        return await asyncio.wait_for(awaitable, WAIT_S)
-    except asyncio.TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 async def frames_after(client, count, timeout=WAIT_S):

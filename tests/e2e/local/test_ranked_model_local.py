@@ -19,6 +19,7 @@ from rank_processes import (
     wait_for_ranks,
     wait_until_gone,
 )
+from waits import model_frame
 
 from reactor_serve.client import connect
 
@@ -26,7 +27,7 @@ FILTER = EXAMPLES / "ranked_filter"
 
 
 def camera(colour: int) -> np.ndarray:
-    frame = np.zeros((96, 128, 3), np.uint8)
+    frame = np.zeros(PAINTED, np.uint8)
     frame[..., 0] = colour
     frame[:, : 4 + colour % 64] = 200
     return frame
@@ -35,21 +36,11 @@ def camera(colour: int) -> np.ndarray:
 # Rank processes in a gloo group share two loaded cores with the server and the client:
 # every wait on them is for an event, bounded only to fail with a message.
 DEADLINE_S = 60.0
+# The model's frame size: until its first frame, a session shows black at another.
+PAINTED = (96, 128, 3)
 # The whole test's bound is a last resort, past the sum of its waits on a loaded
 # machine: each wait inside fails first, naming what it awaited.
 pytestmark = pytest.mark.timeout(600)
-
-
-async def filtered_frame(client, timeout=DEADLINE_S):
-    """The first frame the model made (before it, the client sees black at a default
-    size)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, "no frame made by the model arrived"
-        image = (await client.next_frame(timeout=remaining)).image
-        if image.shape == (96, 128, 3):
-            return image
 
 
 async def until_white(client, timeout=DEADLINE_S):
@@ -75,7 +66,7 @@ async def test_every_rank_runs_the_model_on_the_same_inputs_in_the_same_order(
     assert {int(k): v["pid"] for k, v in health["ranks"]["running"].items()} == pids
     client = await connect(run.url, inputs={"camera": (camera(c % 250) for c in range(10**6))})
     try:
-        assert (await filtered_frame(client)).std() > 3
+        assert (await model_frame(client, PAINTED, DEADLINE_S)).std() > 3
         client.send_command("set_strength", {"strength": 0.25})
         client.send_command("flash", {"frames": 5})
         await until_white(client)

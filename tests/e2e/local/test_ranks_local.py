@@ -21,6 +21,7 @@ from rank_processes import (
     wait_for_ranks,
     wait_until_gone,
 )
+from waits import model_frame
 
 from reactor_serve.client import connect
 
@@ -34,25 +35,15 @@ def painter_copy(tmp_path: Path, **config) -> Path:
 # Rank processes in a gloo group share two loaded cores with the server and the client:
 # every wait on them is for an event, bounded only to fail with a message.
 DEADLINE_S = 60.0
+# The model's frame size: until its first frame, a session shows black at another.
+PAINTED = (96, 128, 3)
 # The whole test's bound is a last resort, past the sum of its waits on a loaded
 # machine: each wait inside fails first, naming what it awaited.
 pytestmark = pytest.mark.timeout(600)
 
 
-async def painted_frame(client, timeout=DEADLINE_S):
-    """The first frame the model painted (before it, the client sees black at a
-    default size)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, "no frame painted by the model arrived"
-        image = (await client.next_frame(timeout=remaining)).image
-        if image.shape == (96, 128, 3):
-            return image
-
-
 async def frames_until_hue_changes(client, timeout=DEADLINE_S):
-    first = await painted_frame(client, timeout)
+    first = await model_frame(client, PAINTED, timeout)
     deadline = time.monotonic() + timeout
     while True:
         remaining = deadline - time.monotonic()
@@ -75,7 +66,7 @@ async def test_a_multi_rank_model_streams_and_every_rank_sees_the_same_steps(
     assert {int(k): v["pid"] for k, v in health["ranks"]["running"].items()} == pids
     client = await connect(run.url)
     try:
-        assert (await painted_frame(client)).std() > 5  # a picture, not a flat fill
+        assert (await model_frame(client, PAINTED, DEADLINE_S)).std() > 5  # a picture, not a flat fill
         for hue in (0.5, 0.9):
             client.send_command("set_hue", {"hue": hue})
             await frames_until_hue_changes(client)
@@ -121,7 +112,7 @@ async def test_a_failed_rank_ends_the_session_naming_it_and_the_next_session_wor
     pids = wait_for_ranks(run.process.pid, 2)
     client = await connect(run.url)
     try:
-        await painted_frame(client)
+        await model_frame(client, PAINTED, DEADLINE_S)
         victim = pids[1]
         fail_rank(victim, failure)
         ended = await client.next_message("sessionEnded", scope="runtime", after=0,
@@ -134,7 +125,7 @@ async def test_a_failed_rank_ends_the_session_naming_it_and_the_next_session_wor
     wait_until_gone(pids.values(), timeout=DEADLINE_S)
     again = await connect(run.url, timeout=DEADLINE_S)
     try:
-        await painted_frame(again)
+        await model_frame(again, PAINTED, DEADLINE_S)
     finally:
         await again.close()
     assert rank_pids(run.process.pid) == fresh

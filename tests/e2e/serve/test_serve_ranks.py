@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from paths import EXAMPLES
 from rank_processes import model_copy
+from waits import model_frame
 
 from reactor_serve.client import connect
 
@@ -62,10 +63,7 @@ async def a_gpu_each(model: str, logs: Path, ranks: int) -> list[list[str]]:
 
 
 async def painted_frame(client, timeout=MEDIA):
-    deadline = time.monotonic() + timeout
-    while (image := (await client.next_frame(timeout=timeout)).image).shape != (96, 128, 3):
-        assert time.monotonic() < deadline, f"no painted frame within {timeout} s"
-    return image
+    return await model_frame(client, (96, 128, 3), timeout)
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
