@@ -47,18 +47,24 @@ async def connected(url, model):
         await reactor.disconnect()
 
 
-async def frames(reactor, track, count, timeout=60.0):
-    """The next `count` frames of `track`, as numpy arrays."""
-    got = []
-    reactor.track(track).on_frame(got.append)
+async def gathered(reactor, track, handler, got, count, timeout, what):
+    """The first `count` items `handler` puts in `got` from `track`'s frames; the
+    handler is taken off the track again however the wait ends."""
+    reactor.track(track).on_frame(handler)
     try:
         deadline = time.monotonic() + timeout
         while len(got) < count:
-            assert time.monotonic() < deadline, f"only {len(got)} of {count} frames of {track} in {timeout} s"
+            assert time.monotonic() < deadline, f"only {len(got)} of {count} {what} in {timeout} s"
             await asyncio.sleep(0.05)  # poll interval of a wait with a generous deadline
     finally:
-        reactor.track(track).off_frame(got.append)
+        reactor.track(track).off_frame(handler)
     return got[:count]
+
+
+async def frames(reactor, track, count, timeout=60.0):
+    """The next `count` frames of `track`, as numpy arrays."""
+    got = []
+    return await gathered(reactor, track, got.append, got, count, timeout, f"frames of {track}")
 
 
 async def first_frame_where(reactor, track, condition, what, timeout=60.0):
@@ -443,15 +449,7 @@ async def tagged_frames(reactor, count, timeout=60.0, until=None):
         if got or until is None or until(user_data):
             got.append((frame, frame_id, user_data))
 
-    reactor.track("main_video").on_frame(keep)
-    try:
-        deadline = time.monotonic() + timeout
-        while len(got) < count:
-            assert time.monotonic() < deadline, f"only {len(got)} of {count} tagged frames in {timeout} s"
-            await asyncio.sleep(0.05)  # poll interval of a wait with a generous deadline
-    finally:
-        reactor.track("main_video").off_frame(keep)
-    return got[:count]
+    return await gathered(reactor, "main_video", keep, got, count, timeout, "tagged frames")
 
 
 def level(n):
