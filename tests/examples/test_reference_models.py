@@ -1,25 +1,17 @@
 """Models written as the reference pages show them run unchanged and behave as described."""
 
-import asyncio
 import threading
 
 import numpy as np
 import pytest
 from conftest import connected
 from paths import TEST_MODELS
+from waits import until
 
 from reactor_serve.interface import get_ctx
 from reactor_serve.runtime.local_client import LocalClient
 
 MODELS = TEST_MODELS / "reference"
-
-
-async def until(condition, what: str, timeout: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)  # the poll interval of a wait with a deadline
 
 
 @pytest.fixture

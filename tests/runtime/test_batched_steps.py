@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from paths import TEST_MODELS
+from waits import until
 
 from reactor_serve.interface import (
     InputField,
@@ -103,14 +104,6 @@ async def shown(client: LocalClient, level: int, timeout: float = 60.0) -> None:
     deadline = loop.time() + timeout
     while int((await client.next_frame(timeout=timeout)).image[0, 0, 0]) != level:
         assert loop.time() < deadline, f"level {level} was never shown"
-
-
-async def until(condition, what: str, timeout: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)  # the poll interval of a wait with a deadline
 
 
 async def connect_all(host):

@@ -11,7 +11,16 @@ from typing import Any, Awaitable
 
 import numpy as np
 
-__all__ = ["model_frame", "within_deadline"]
+__all__ = ["model_frame", "until", "within_deadline"]
+
+
+async def until(condition: Any, what: str, timeout: float = 60.0) -> None:
+    """Return once `condition()` holds; fail naming `what` if it does not in `timeout`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)  # the poll interval of a wait with a deadline
 
 
 async def within_deadline(awaitable: Awaitable[Any], what: str, timeout: float = 60.0) -> Any:
