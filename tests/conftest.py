@@ -264,11 +264,12 @@ def serve_examples(ray_serve):
     url = ray_serve.deploy("web", {"models": [
         {"path": "examples/gradient", "min_replicas": 1, "max_replicas": 1, "warm_spares": 0,
          "cpus_per_replica": 0.5, "webrtc": loopback},
-        # Recorded, so that the official SDK's clips can be asked for.
+        # Recorded from each session's start, so that the official SDK's clips and whole
+        # sessions can be asked for however long a busy machine took to get there.
         {"path": "examples/webcam_style", "min_replicas": 1, "max_replicas": 1,
          "warm_spares": 0, "cpus_per_replica": 0.5, "webrtc": loopback,
          "recording": {"enabled": True, "destination": tempfile.mkdtemp(prefix="reactor-test-rec-"),
-                       "clip_seconds": 10}},
+                       "clip_seconds": 10, "record_by_default": True}},
     ]})
     yield url
     ray_serve.delete("web")

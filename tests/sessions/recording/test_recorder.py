@@ -267,6 +267,20 @@ async def test_a_v1_recording_grows_with_the_session_and_is_ready_once_now_is_wr
     await end(recordings)
 
 
+async def test_a_v1_recording_of_an_unrecorded_session_the_ring_still_holds_is_its_clip(tmp_path):
+    # Nothing records the whole session, but the ring has kept it from its first keyframe.
+    recordings, _ = make(tmp_path, clip_seconds=10, keyframe_interval_s=0.5)
+    fanout = Fanout()
+    recordings.attach(fanout)
+    for n in range(12):
+        fanout.present(n)
+    answer = await answer_of(recordings, None)
+    assert answer.failed is None
+    assert (answer.kind, answer.start_s, answer.end_s) == ("recording", 0.0, 1.1)
+    assert frame_pts(download(recordings.served, answer), tmp_path) == [n * SECOND // 10 for n in range(12)]
+    await end(recordings)
+
+
 async def test_v1_clip_requests_that_cannot_be_met_say_why(tmp_path):
     recordings, _ = make(tmp_path, clip_seconds=1, keyframe_interval_s=0.5)
     fanout = Fanout()
