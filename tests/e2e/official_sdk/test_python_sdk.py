@@ -299,8 +299,8 @@ FASTEST_FPS = 40
 FRAME_S = 1 / 30
 
 
-# recording.keyframe_interval_s (the default; the examples leave it): a recording in progress is served in
-# whole fragments, so it holds up to one interval past its end marker.
+# recording.keyframe_interval_s (the default; the examples leave it): a recording in
+# progress is served in whole fragments, so it holds up to one interval past its end marker.
 KEYFRAME_INTERVAL_S = 1.0
 
 
