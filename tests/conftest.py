@@ -80,7 +80,14 @@ class RayServe:
             _metrics_export_port=self.metrics_port,
             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
         )
-        serve.start(http_options={"host": "127.0.0.1", "port": self.http_port})
+        serve.start(
+            http_options={"host": "127.0.0.1", "port": self.http_port},
+            # The controller kills a proxy whose event loop missed three 10 s health
+            # checks in a row, which a machine whose cores the suite and its load hold
+            # can do; the tests are of reactor-serve, not of Ray's proxy under that.
+            controller_options={"runtime_env": {"env_vars": {
+                "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60"}}},
+        )
         self.base = f"http://127.0.0.1:{self.http_port}"
 
     def deploy(self, name, args):
