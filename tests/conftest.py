@@ -401,6 +401,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return GroupScheduling(config, log, directory=_groups_directory(config))
 
 
+# First: xdist's own hook tells the controller the worker has collected, and the
+# controller reads the groups then; written after it, they were missing on a loaded
+# machine, and every test fell back to its module (the Serve tests then started a Ray on
+# each worker).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
     workerinput = getattr(session.config, "workerinput", None)
     if workerinput is None:

@@ -49,8 +49,9 @@ class GroupScheduling(LoadScopeScheduling):
         self._groups: dict[str, str] | None = None
 
     def _split_scope(self, nodeid: str) -> str:
-        # Called only once every worker has reported its collection, so the files are
-        # all there.
-        if self._groups is None:
+        # Called once every worker has reported its collection, and each writes its
+        # file before it reports; a test missing from what was read is read for again
+        # rather than silently scheduled by its module.
+        if self._groups is None or nodeid not in self._groups:
             self._groups = read_groups(self._directory)
         return self._groups.get(nodeid) or nodeid.split("::", 1)[0]
