@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 from paths import ROOT
+from serve_proxy_env import SERVE_PROXY_ENV
 
 from reactor_serve.runtime.host import ModelHost
 from reactor_serve.runtime.local_client import LocalClient
@@ -82,11 +83,7 @@ class RayServe:
         )
         serve.start(
             http_options={"host": "127.0.0.1", "port": self.http_port},
-            # The controller kills a proxy whose event loop missed three 10 s health
-            # checks in a row, which a machine whose cores the suite and its load hold
-            # can do; the tests are of reactor-serve, not of Ray's proxy under that.
-            controller_options={"runtime_env": {"env_vars": {
-                "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60"}}},
+            controller_options={"runtime_env": {"env_vars": dict(SERVE_PROXY_ENV)}},
         )
         self.base = f"http://127.0.0.1:{self.http_port}"
 

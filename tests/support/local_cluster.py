@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import yaml
 from paths import ROOT
+from serve_proxy_env import SERVE_PROXY_ENV
 
 __all__ = ["LocalCluster", "write_project"]
 
@@ -62,7 +63,8 @@ class LocalCluster:
         self.token_path = self.temp_dir / "auth_token"
         inherited = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
         self.env = {**inherited, "RAY_AUTH_MODE": "token",
-                    "RAY_AUTH_TOKEN_PATH": str(self.token_path), **(env or {})}
+                    "RAY_AUTH_TOKEN_PATH": str(self.token_path), **SERVE_PROXY_ENV,
+                    **(env or {})}
         self.gcs_port = _free_port()
         self.dashboard_port = _free_port()
         self.http_port = _free_port()

@@ -326,7 +326,8 @@ async def test_serve_config_yaml_serves_every_example(ray_serve):
                       "cpus_per_replica": 0.5})
     url = ray_serve.deploy("examples", args)
     try:
-        async with httpx.AsyncClient() as http:
+        # A bound, not a speed: six models' replicas have just started on this machine.
+        async with httpx.AsyncClient(timeout=60) as http:
             listing = (await http.get(f"{url}/models")).json()["models"]
         names = [m["name"] for m in listing]
         assert set(names) == {"gradient", "webcam-style", "audio-tone", "legacy-blocks", "world",

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from conftest import free_port
 from paths import ROOT
+from serve_proxy_env import SERVE_PROXY_ENV
 
 from reactor_serve.client import connect
 
@@ -43,6 +44,7 @@ async def test_sigint_to_serve_run_ends_live_sessions_with_session_ended(tmp_pat
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"  # its log, printed on failure, is complete up to then
+    env.update(SERVE_PROXY_ENV)  # the Ray it starts inherits this environment
     log = open(tmp_path / "serve-run.log", "w+")
     # `serve run` stops on KeyboardInterrupt, which Python raises for SIGINT only if
     # SIGINT was not ignored when it started. A suite run in the background of a
