@@ -64,6 +64,16 @@ def make(tmp_path, config=None, outputs=None, clock=None, **recording):
     return recordings, sent
 
 
+def watched(recordings, frames=0, record=False):
+    """A Fanout that `recordings` watches (`record`: the session's start option), which
+    has presented its first `frames` slots."""
+    fanout = Fanout()
+    recordings.attach(fanout, record=record)
+    for n in range(frames):
+        fanout.present(n)
+    return fanout
+
+
 def of(sent, type_):
     return [data for t, data in sent if t == type_]
 
@@ -123,10 +133,7 @@ async def test_a_requested_recording_writes_the_presented_slots_and_the_commands
 
 async def test_a_clip_is_cut_from_the_ring_and_the_session_end_finalises_the_recording(tmp_path):
     recordings, sent = make(tmp_path, clip_seconds=2, keyframe_interval_s=0.5)
-    fanout = Fanout()
-    recordings.attach(fanout, record=True)
-    for n in range(30):
-        fanout.present(n)
+    fanout = watched(recordings, 30, record=True)
     recordings.request("saveClip", {"seconds": 1})
     fanout.present(30)
     await end(recordings)
@@ -231,10 +238,7 @@ def frame_pts(data, tmp_path):
 
 async def test_a_v1_clip_is_served_as_hls_and_downloads_as_the_frames_presented(tmp_path):
     recordings, sent = make(tmp_path, clip_seconds=2, keyframe_interval_s=0.5)
-    fanout = Fanout()
-    recordings.attach(fanout)
-    for n in range(30):
-        fanout.present(n)
+    watched(recordings, 30)
     answer = await answer_of(recordings, 1.0)
     # 1 s back from 2.9 s: from the keyframe at 1.5 s.
     assert (answer.kind, answer.start_s, answer.end_s, answer.now_s) == ("clip", 1.5, 2.9, 2.9)
@@ -251,10 +255,7 @@ async def test_a_v1_clip_is_served_as_hls_and_downloads_as_the_frames_presented(
 
 async def test_a_v1_recording_grows_with_the_session_and_is_ready_once_now_is_written(tmp_path):
     recordings, _ = make(tmp_path, clip_seconds=0, keyframe_interval_s=0.5)
-    fanout = Fanout()
-    recordings.attach(fanout, record=True)
-    for n in range(12):
-        fanout.present(n)
+    fanout = watched(recordings, 12, record=True)
     answer = await answer_of(recordings, None)
     assert (answer.kind, answer.start_s, answer.end_s) == ("recording", 0.0, 1.1)
     # The fragment holding 1.1 s closes at the next keyframe (1.5 s): until then, wait.
@@ -270,10 +271,7 @@ async def test_a_v1_recording_grows_with_the_session_and_is_ready_once_now_is_wr
 async def test_a_v1_recording_of_an_unrecorded_session_the_ring_still_holds_is_its_clip(tmp_path):
     # Nothing records the whole session, but the ring has kept it from its first keyframe.
     recordings, _ = make(tmp_path, clip_seconds=10, keyframe_interval_s=0.5)
-    fanout = Fanout()
-    recordings.attach(fanout)
-    for n in range(12):
-        fanout.present(n)
+    watched(recordings, 12)
     answer = await answer_of(recordings, None)
     assert answer.failed is None
     assert (answer.kind, answer.start_s, answer.end_s) == ("recording", 0.0, 1.1)
