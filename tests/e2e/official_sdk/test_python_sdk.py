@@ -28,6 +28,8 @@ from reactor_sdk import (
     StepSessionEndedError,
 )
 
+from reactor_serve.sessions.recording.settings import RecordingSettings
+
 GRADIENT = "examples/gradient"
 WEBCAM = "examples/webcam_style"
 
@@ -299,9 +301,9 @@ FASTEST_FPS = 40
 FRAME_S = 1 / 30
 
 
-# recording.keyframe_interval_s (the default; the examples leave it): a recording in
+# The examples leave recording.keyframe_interval_s at its default: a recording in
 # progress is served in whole fragments, so it holds up to one interval past its end marker.
-KEYFRAME_INTERVAL_S = 1.0
+KEYFRAME_INTERVAL_S = RecordingSettings.model_fields["keyframe_interval_s"].default
 
 
 def session_times(times, start, end, what, past_end_s=0.0):
