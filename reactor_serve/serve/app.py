@@ -73,10 +73,14 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
             seats=seats,
             ranks=ranks,
         )
-        # Only what names the model: its settings travel with its own deployment.
-        # (Serve still restarts every deployment when the app's args change; the
-        # ingress holds nothing, and busy replicas drain, so live sessions go on.)
-        models.append({"name": name, "path": str(path)})
+        # What names the model, and the one setting the ingress applies itself: a
+        # model scaled to zero has no replica to publish its admission timeout, and
+        # its first session waits for one to start. The rest travel with the model's
+        # own deployment. (Serve restarts every deployment when the app's args change
+        # anyway; the ingress holds nothing, and busy replicas drain, so live
+        # sessions go on.)
+        models.append({"name": name, "path": str(path),
+                       "admission_timeout_s": entry.admission_timeout_s})
     ingress = make_ingress(args.auth_token, args.operator_token, access).options(
         # Stateless (sessions live in their replicas, records in the GCS): two or more
         # replicas, so killing or redeploying one never leaves clients waiting.

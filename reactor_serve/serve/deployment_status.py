@@ -62,12 +62,15 @@ class DeploymentStatus:
         model: str,
         directory: SessionDirectory,
         *,
+        admission_timeout_s: float | None = None,
         read_status: Callable[[], Awaitable[Any]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`read_status` answers Serve's `DeploymentStatusOverview` of the deployment
-        (or None); by default it asks Serve's controller, off the event loop."""
+        """`admission_timeout_s` is the app's setting for the model, when the ingress
+        was given it; `read_status` answers Serve's `DeploymentStatusOverview` of the
+        deployment (or None); by default it asks Serve's controller, off the event loop."""
         self._model = model
+        self._admission_timeout_s = admission_timeout_s
         self._directory = directory
         # The name serve/config.py gives the model's deployment.
         deployment = f"model-{model}"
@@ -83,7 +86,14 @@ class DeploymentStatus:
         return await self._settings.get()
 
     async def admission_timeout_s(self) -> float:
-        """How long a session waits for a slot before it is told to come back later."""
+        """How long a session waits for a slot before it is told to come back later.
+
+        The app's own setting when the ingress has it: a model scaled to zero has no
+        replica to publish one, and its first session is the one that waits longest
+        (a replica, maybe a GPU node, starting). Else what the replicas published.
+        """
+        if self._admission_timeout_s is not None:
+            return self._admission_timeout_s
         settings = await self.settings()
         return float(settings.get("admission_timeout_s", DEFAULT_ADMISSION_TIMEOUT_S))
 

@@ -86,12 +86,14 @@ class IngressSessions:
         metrics: IngressMetrics | None = None,
         *,
         actor_name: str | None,
+        admission_timeout_s: float | None = None,
         deployment: DeploymentStatus | None = None,
         replicas: ReplicaCalls | None = None,
     ) -> None:
         """`handle` is the model's deployment handle; `actor_name` this ingress
         replica's Ray actor name, by which the other ingress replicas find out whether
-        the waits it holds are still held (None outside an actor). `deployment` and
+        the waits it holds are still held (None outside an actor);
+        `admission_timeout_s` the app's setting for the model. `deployment` and
         `replicas` replace what reads Serve's status and reaches the model replicas."""
         self._spec = spec
         self._directory = directory
@@ -102,7 +104,8 @@ class IngressSessions:
         # gets credentials minted per session; its secret must be readable here.
         self._ice_servers = [IceServer.model_validate(server) for server in ice_servers]
         require_turn_secrets(self._ice_servers)
-        self._deployment = deployment or DeploymentStatus(spec.name, directory)
+        self._deployment = deployment or DeploymentStatus(
+            spec.name, directory, admission_timeout_s=admission_timeout_s)
         self._replicas = replicas or ReplicaCalls(directory)
         self.admission = AdmissionQueue(
             spec.name, handle, directory, holder_name=actor_name,

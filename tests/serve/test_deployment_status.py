@@ -153,6 +153,17 @@ async def test_the_admission_timeout_is_the_published_one_or_the_default(parts):
     assert await empty.admission_timeout_s() == DEFAULT_ADMISSION_TIMEOUT_S
 
 
+async def test_the_apps_admission_timeout_holds_before_any_replica_published_one():
+    # A model scaled to zero: its first session waits for a replica to start, and the
+    # app set how long that may take.
+    scaled_to_zero = DeploymentStatus(MODEL, MemoryDirectory({}), admission_timeout_s=240.0,
+                                      read_status=FakeServe().read)
+    assert await scaled_to_zero.admission_timeout_s() == 240.0
+    published = DeploymentStatus(MODEL, MemoryDirectory({"admission_timeout_s": 30.0}),
+                                 admission_timeout_s=240.0, read_status=FakeServe().read)
+    assert await published.admission_timeout_s() == 240.0
+
+
 async def test_a_directory_that_fails_reads_as_no_settings_and_no_sessions(parts):
     class Unreachable(MemoryDirectory):
         async def model_settings(self, name: str) -> dict[str, Any]:
