@@ -123,6 +123,8 @@ class PeerSession:
             on_expired=self._on_grace_expired,
         )
         self._finishing = False
+        # Set when `close()` stopped waiting for an open still under way.
+        self._open_abandoned = False
         # Set (from the model thread) once the model's own sessionEnded is on its way.
         self._farewell_queued = False
         self._candidates = TrickledCandidates(self.MAX_PENDING_CANDIDATES, self.KEEP_CONNECTIONS)
@@ -349,6 +351,10 @@ class PeerSession:
     async def _open(self) -> None:
         session = await self.host.open_session(_Sink(self), session_id=self.id,
                                                stepped=self.stepped)
+        if self._open_abandoned:
+            reason, detail = self._closing_for
+            await self.host.end_session(session, reason or EndReason.SHUTDOWN, detail)
+            raise OfferRejected("the session ended while its model was opening it")
         self.session = session
         self._fanout = OutputFanout(
             session.clock, self.host.spec.outputs, on_error=self._on_fanout_error,
@@ -759,6 +765,9 @@ class PeerSession:
         opening = self._opening
         if opening is not None and not opening.done():
             await asyncio.wait({opening}, timeout=self.CLOSE_TIMEOUT_S)
+            # Still opening (its model is being restarted): what it opens later is
+            # ended by `_open`, not left holding the model's seat.
+            self._open_abandoned = not opening.done()
         session = self.session
         if session is not None and not session.ended.is_set():
             ending = self._spawn(self.host.end_session(session, reason, message))

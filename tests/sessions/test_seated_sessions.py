@@ -365,6 +365,44 @@ async def test_close_is_bounded_when_the_model_thread_is_stuck(host_of, peers, c
     await wait_until(lambda: host.session is None, what="the model to catch up")
 
 
+class RestartingHost:
+    """`host` while its model is being restarted: an open waits until `released`."""
+
+    def __init__(self, host):
+        self._host = host
+        self.asked = asyncio.Event()
+        self.released = asyncio.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._host, name)
+
+    async def open_session(self, *args, **kwargs):
+        self.asked.set()
+        await self.released.wait()
+        return await self._host.open_session(*args, **kwargs)
+
+
+async def test_a_session_closed_while_its_model_restarts_leaves_the_model_free(
+    host_of, peers, clients
+):
+    host = host_of(Level)
+    restarting = RestartingHost(host)
+    peer = peers(restarting, settings())
+    peer.CLOSE_TIMEOUT_S = 0.5  # the product's bound under test, not a wait of the test
+    client = clients(host)
+    connecting = asyncio.ensure_future(client.connect(peer.answer, timeout=WAIT_S))
+    await within_deadline(restarting.asked.wait(), "the offer to open the model session")
+    await within_deadline(peer.close(), "close() while the model restarts")
+    assert peer.ended.is_set()
+    # The model comes back after the session ended: what the open made is ended again,
+    # not left holding the model for a client that is gone.
+    restarting.released.set()
+    await wait_until(lambda: host.model.disconnects == 1, what="the late open to be ended")
+    assert host.model.connects == 1 and host.session is None
+    with pytest.raises(Exception):
+        await connecting
+
+
 async def test_close_is_bounded_when_the_model_thread_is_gone(host_of, peers, clients):
     host = host_of(Level)
     peer = peers(host, settings())

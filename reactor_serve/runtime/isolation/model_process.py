@@ -113,8 +113,11 @@ class ModelProcess:
     STABLE_AFTER_S = ChildSupervisor.STABLE_AFTER_S
     # Failed loads in a row after which the host reports unhealthy (it keeps trying).
     UNHEALTHY_AFTER = ChildSupervisor.UNHEALTHY_AFTER
-    # How long a new session waits for a restarting model before it is refused.
-    OPEN_WAIT_S = 60.0
+    # How often a session waiting for a restarting model checks that the restart is
+    # still on (a model that fails to load UNHEALTHY_AFTER times in a row is not).
+    READY_CHECK_S = 1.0
+    # How long a session waits for a model process that said it is exiting to be gone.
+    EXIT_WAIT_S = 60.0
     # How long a session end waits for the model's @disconnected hooks.
     END_WAIT_S = 30.0
     # Input frames in flight to the model: its buffers' depth, with room to spare.
@@ -335,17 +338,24 @@ class ModelProcess:
         seat: int = 0,
     ) -> Session:
         """Connect a client to `seat`. Raises SessionBusy if one is live there,
-        RuntimeError if the model is not loaded (a restarting one is waited for, up to
-        OPEN_WAIT_S)."""
+        RuntimeError if the model is not loaded.
+
+        A model being restarted is waited for as long as its restart is on: a reload
+        takes what the first load took, which no fixed window knows (a large model,
+        a loaded node). It ends when the model is back, or fails to load
+        UNHEALTHY_AFTER times in a row, or is shut down; the caller may cancel."""
         if not self.healthy:
             raise RuntimeError(f"model {self.spec.name!r} is not loaded")
         supervisor = self._supervisor
         assert supervisor is not None  # healthy
         for _ in range(2):
-            if not supervisor.ready:
-                ready = await asyncio.to_thread(supervisor.wait_ready, self.OPEN_WAIT_S)
-                if not ready:
-                    raise RuntimeError(f"model {self.spec.name!r} is restarting; try again")
+            while not await asyncio.to_thread(supervisor.wait_ready, self.READY_CHECK_S):
+                if not supervisor.healthy:
+                    why = supervisor.start_error
+                    raise RuntimeError(
+                        f"model {self.spec.name!r} did not load again: {why}" if why
+                        else f"model {self.spec.name!r} is shutting down"
+                    )
             child = self._child
             assert child is not None
             session = await self._open_on(child, sink, session_id, stepped, seat)
@@ -376,7 +386,7 @@ class ModelProcess:
             # Its model broke (its ranks failed) and the process is exiting: the
             # session waits for the next one, as for a process that died.
             self._forget(session)
-            deadline = time.monotonic() + self.OPEN_WAIT_S
+            deadline = time.monotonic() + self.EXIT_WAIT_S
             while not child.dead and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             return None

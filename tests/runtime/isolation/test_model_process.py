@@ -156,6 +156,52 @@ def test_a_session_opening_while_the_model_process_dies_opens_on_the_next_one(
     assert model.pid != dying and model.crashes == 1
 
 
+def test_a_session_waits_out_a_reload_and_is_told_why_one_failed(tmp_path, process_of):
+    # A reload takes what the first load took, which no fixed window knows: a session
+    # opened meanwhile waits for the restart, and for as long as it is on.
+    hold, fail = tmp_path / "hold-load", tmp_path / "fail-load"
+    model = process_of(
+        _copy_model(tmp_path, "crashing",
+                    {"hold_load_while": str(hold), "fail_load_if": str(fail)}),
+        RESTART_BACKOFF_S=(0.05,), UNHEALTHY_AFTER=1,
+    )
+
+    async def crash():
+        async with connected(model) as client:
+            await client.next_frame(timeout=30)
+            client.send_command("crash", {"how": "exit"})
+            await client.wait_closed(timeout=60)
+
+    async def scenario():
+        hold.write_text("now")
+        await crash()
+        client = LocalClient(model)
+        opening = asyncio.ensure_future(client.connect())
+        # A negative check: the reload is held, so nothing can open however long this lasts.
+        await asyncio.sleep(0.5)
+        assert not opening.done(), "the session opened on a model that is not loaded"
+        hold.unlink()
+        await asyncio.wait_for(opening, 60)
+        try:
+            frame = await client.next_frame(timeout=30)
+            assert frame.image[0, 0, 0] == 7 and client.end_reason is None
+        finally:
+            await client.close()
+        # The reload after the next crash fails (UNHEALTHY_AFTER is 1 here): the
+        # session waiting for it is refused with the model's own error.
+        hold.write_text("now")
+        await crash()
+        waiting = LocalClient(model)
+        opening = asyncio.ensure_future(waiting.connect())
+        fail.write_text("now")
+        hold.unlink()
+        with pytest.raises(RuntimeError, match="did not load again: .*simulated load failure"):
+            await asyncio.wait_for(opening, 60)
+
+    asyncio.run(scenario())
+    assert not model.healthy
+
+
 def test_an_exception_in_a_handler_ends_only_the_session(tmp_path, process_of):
     model = process_of(_copy_model(tmp_path, "crashing"))
     pid = model.pid

@@ -1,7 +1,9 @@
 # A model that dies on request, each way a model process can die: a segfault in
 # native code, os._exit, a SIGKILL as the out-of-memory killer sends, an exception in
 # a handler. Its load() fails while the file named by config["fail_load_if"] exists,
-# so a test can make the reloads after a crash fail, then let them succeed again.
+# so a test can make the reloads after a crash fail, then let them succeed again; it
+# does not return while the file named by config["hold_load_while"] exists, so a test
+# can hold a reload as long as it needs (a large model loading).
 # Frames carry torch tensors, so their crossing into shared memory is exercised too.
 import ctypes
 import os
@@ -20,6 +22,9 @@ class Crashing(ReactorPipeline):
     buffer_size = 4
 
     def load(self, config):
+        hold = config.get("hold_load_while")
+        while hold and Path(hold).exists():
+            time.sleep(0.05)
         marker = config.get("fail_load_if")
         if marker and Path(marker).exists():
             raise RuntimeError(f"simulated load failure ({marker} exists)")
