@@ -26,8 +26,11 @@ const POLL_FIRST_MS = 20;
 const ICE_GATHER_TIMEOUT_MS = 3000;
 const HOST_CANDIDATES_QUIET_MS = 30;
 const ANSWER_TIMEOUT_MS = 30000;
-// From the answer to an open data channel; longer means ICE or DTLS did not get through.
-const OPEN_TIMEOUT_MS = 15000;
+// From the answer to an open data channel, the longest a connection may go without a
+// step forward (ICE checking, ICE connected, DTLS connected, the channel open); longer
+// means ICE, DTLS or SCTP got no reply. A connection the browser declares failed ends
+// sooner.
+const OPEN_STALL_MS = 15000;
 // Liveness: the server sends stats about once a second, so this long without any
 // message means the transport is gone (ICE itself takes ~30 s to say so).
 const SILENCE_MS = 2000;
@@ -210,7 +213,7 @@ export class ReactorSession extends EventTarget {
           this._transportLost(`peer connection ${pc.connectionState}`);
         }
       };
-      const opened = this._openChannel(channel, pc, generation);
+      const opening = this._openChannel(channel, pc, generation);
 
       const ready = candidatesReady(pc, iceServers.length > 0);
       await pc.setLocalDescription(await pc.createOffer());
@@ -233,6 +236,9 @@ export class ReactorSession extends EventTarget {
       const answer = await this._pollAnswer(this._answerPath(path, offered), generation);
       current();
       await pc.setRemoteDescription({ type: "answer", sdp: answer });
+      // Only now can the connection make progress: the wait for the answer (a queue,
+      // a replica starting) is not the connection's to time.
+      opening.answered();
       current();
       const previous = [this.pc, this.channel];
       this.pc = pc;
@@ -245,7 +251,7 @@ export class ReactorSession extends EventTarget {
         const wanted = this.inputs.get(name) || null;
         if (sender.track !== wanted) await sender.replaceTrack(wanted);
       }
-      await opened;
+      await opening.opened;
       current();
     } catch (err) {
       if (this.pc !== pc) {
@@ -288,8 +294,9 @@ export class ReactorSession extends EventTarget {
     }
   }
 
-  /** Wire the data channel; resolves when it opens (rejects if the connection fails
-   * or it takes too long), and the connection is then live. */
+  /** Wire the data channel. `opened` resolves when it opens, and the connection is
+   * then live; it rejects if the connection fails, or, once `answered()` was called,
+   * goes OPEN_STALL_MS without a step forward. */
   _openChannel(channel, pc, generation) {
     channel.onmessage = (event) => {
       if (generation !== this._generation) return;
@@ -306,20 +313,32 @@ export class ReactorSession extends EventTarget {
     channel.onclose = () => {
       if (generation === this._generation) clearInterval(this._pingTimer);
     };
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(
-        () => reject(new SessionError(`the connection did not open within ${OPEN_TIMEOUT_MS / 1000} s`)),
-        OPEN_TIMEOUT_MS);
-      const failed = () => {
+    let timer = null;
+    let answered = false;
+    let stalled = () => {};
+    const rearm = () => {
+      if (!answered) return;
+      clearTimeout(timer);
+      timer = setTimeout(stalled, OPEN_STALL_MS);
+    };
+    const opened = new Promise((resolve, reject) => {
+      stalled = () => reject(new SessionError(
+        `the connection made no progress for ${OPEN_STALL_MS / 1000} s ` +
+        `(ICE ${pc.iceConnectionState}, connection ${pc.connectionState})`));
+      const progressed = () => {
         if (["failed", "closed"].includes(pc.connectionState)) {
           clearTimeout(timer);
           reject(new SessionError(`the connection ${pc.connectionState}`));
+        } else {
+          rearm();
         }
       };
-      pc.addEventListener("connectionstatechange", failed);
+      pc.addEventListener("connectionstatechange", progressed);
+      pc.addEventListener("iceconnectionstatechange", rearm);
       channel.onopen = () => {
         clearTimeout(timer);
-        pc.removeEventListener("connectionstatechange", failed);
+        pc.removeEventListener("connectionstatechange", progressed);
+        pc.removeEventListener("iceconnectionstatechange", rearm);
         if (generation !== this._generation) return reject(new Superseded());
         const reconnected = this.state === "reconnecting";
         this._lastInbound = performance.now();
@@ -334,6 +353,16 @@ export class ReactorSession extends EventTarget {
         resolve();
       };
     });
+    // A negotiation that fails before it awaits `opened` closes the connection, which
+    // rejects it: handled there, not reported as an uncaught rejection.
+    opened.catch(() => {});
+    return {
+      opened,
+      answered: () => {
+        answered = true;
+        rearm();
+      },
+    };
   }
 
   /** Notice a transport lost without an event: a peer connection closed underneath

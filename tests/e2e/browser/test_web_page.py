@@ -483,8 +483,14 @@ def test_queue_position_shows_until_a_slot_frees(browser, serve_examples):
         first = first_context.new_page()
         open_player(first, url)
         second = second_context.new_page()
+        # The page's own clock, so the test can let a long wait in the queue pass.
+        second.clock.install()
         second.goto(url)
         wait_for(lambda: "position 1" in second.inner_text("#queue"), 60, "the queue position")
+        assert second.inner_text("#connection") == "queued"
+        # A minute in the queue, on the page's clock: the wait for a slot is not the
+        # connection's, whose own window starts with the answer.
+        second.clock.fast_forward("01:00")
         assert second.inner_text("#connection") == "queued"
         first.close()
         wait_for(lambda: second.inner_text("#connection") == "connected", 60,
