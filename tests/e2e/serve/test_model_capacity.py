@@ -19,6 +19,8 @@ OPERATOR = {"X-Operator-Token": "op"}
 APP = "capacity"
 # How long a wait for media (a frame, a message, an end) may take on a loaded machine.
 MEDIA = 60
+# How long a replica started from zero (a Ray worker, the model loaded) may take.
+COLD_START_S = 180
 
 
 @pytest.fixture(scope="module")
@@ -179,9 +181,12 @@ def test_picker_shows_capacity_and_updates_it(browser, capacity_app):
         player_context.close()
 
 
+@pytest.mark.timeout(COLD_START_S + 300)  # the deploy, the cold start, then media
 def test_a_model_scaled_to_zero_says_so_and_its_first_session_starts_a_replica(browser, ray_serve):
     url = ray_serve.deploy("capacity-cold", {"models": [
         {"path": GRADIENT, "min_replicas": 0, "max_replicas": 1, "warm_spares": 0,
+         # The first session waits while a replica starts: as long as the test does.
+         "admission_timeout_s": COLD_START_S,
          "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}}]})
     card = ".model-card:has-text('gradient') .capacity"
     picker_context, player_context = browser.new_context(), browser.new_context()
@@ -200,7 +205,7 @@ def test_a_model_scaled_to_zero_says_so_and_its_first_session_starts_a_replica(b
         player.goto(url + "/models/gradient/")
         # A replica started from zero (a Ray worker, the model loaded) before the
         # session can connect: a deployment's wait, not a media one.
-        wait_for(lambda: player.inner_text("#connection") == "connected", 180,
+        wait_for(lambda: player.inner_text("#connection") == "connected", COLD_START_S,
                  "the first session to start a replica and connect")
         wait_for(lambda: picker.inner_text(card) == "0 free · 1 busy · 0 waiting · up to 1 replica",
                  MEDIA, "the picker to show the started replica busy")

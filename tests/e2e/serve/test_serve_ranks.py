@@ -20,7 +20,7 @@ from waits import model_frame
 
 from reactor_serve.client import connect
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(420)
 
 OPERATOR = {"X-Operator-Token": "op"}
 # How long a wait for media (a frame, a message, an end) may take on a loaded machine.
@@ -97,8 +97,9 @@ async def test_each_rank_gets_a_gpu_of_the_replica_and_a_killed_rank_restarts_th
         assert ended["data"]["reason"] == "error"
         assert f"rank 1 (pid {victim})" in ended["data"]["message"], ended
         assert "SIGKILL" in ended["data"]["message"], ended
-        # The same replica serves the next session, on fresh ranks.
-        again = await connect(model, timeout=90)
+        # The same replica serves the next session, on fresh ranks. Its session waits
+        # for every rank to load again, which takes what the first load took.
+        again = await connect(model, timeout=3 * MEDIA)
         try:
             await painted_frame(again)
             # Enough steps to compare, as every rank logged them since the restart,
