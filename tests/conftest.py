@@ -1,4 +1,5 @@
 import contextlib
+import os
 import tempfile
 from pathlib import Path
 
@@ -414,6 +415,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             item.nodeid: item.get_closest_marker("xdist_group").args[0]
             for item in session.items
         })
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With REACTOR_FAILURE_LOG set (the load script sets it), each failure's traceback
+    is appended there as it is reported: a run stopped by hand, an hour long under load,
+    has not printed them yet. Written once, by the controller (or a run without
+    workers)."""
+    path = os.environ.get("REACTOR_FAILURE_LOG")
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
