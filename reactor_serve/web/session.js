@@ -74,6 +74,7 @@ export class ReactorSession extends EventTarget {
     this._lastInbound = 0;
     this._statsSeen = false;
     this._recovery = null; // the automatic reconnect in progress (a token), if any
+    this._ending = null; // the stop of the session ended last, until it is answered
     this._commandSeq = 0;
     // Which frame answered each command, and when it was shown (latency.js); every
     // one answered is reported to the server for its metrics.
@@ -101,6 +102,10 @@ export class ReactorSession extends EventTarget {
   async create() {
     this._setState("connecting");
     try {
+      // A session this page just ended may still hold the model's only slot, and its
+      // stop is answered once the slot is free: asked before that, a model with one
+      // slot answers 409 busy.
+      await this._ending;
       this.descriptor = await this._request("POST", "/start_session", {});
       this.sessionId = this.descriptor.session_id;
     } catch (err) {
@@ -535,12 +540,12 @@ export class ReactorSession extends EventTarget {
   // ------------------------------------------------------------------ HTTP
 
   _endOnServer(sessionId, keepalive) {
-    fetch(this._url("/stop_session"), authorized({
+    this._ending = fetch(this._url("/stop_session"), authorized({
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ session_id: sessionId }),
       keepalive, // a closing tab's request outlives the page
-    })).catch(() => {});
+    })).then(() => {}, () => {});
   }
 
   _url(path) {
