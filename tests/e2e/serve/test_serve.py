@@ -316,6 +316,9 @@ async def test_token_unknown_model_and_malformed_offer(ray_serve):
         ray_serve.delete("secure")
 
 
+# A hang guard, not a speed: six models' replicas start at once, which on a 2-core
+# machine whose cores are held took longer than the module's 240 s (the deploy alone).
+@pytest.mark.timeout(600)
 async def test_serve_config_yaml_serves_every_example(ray_serve):
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     [app] = config["applications"]
