@@ -349,7 +349,9 @@ class ModelProcess:
         supervisor = self._supervisor
         assert supervisor is not None  # healthy
         for _ in range(2):
-            while not await asyncio.to_thread(supervisor.wait_ready, self.READY_CHECK_S):
+            while not supervisor.ready:
+                if await asyncio.to_thread(supervisor.wait_ready, self.READY_CHECK_S):
+                    break
                 if not supervisor.healthy:
                     why = supervisor.start_error
                     raise RuntimeError(
