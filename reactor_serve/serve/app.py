@@ -66,7 +66,6 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
             name,
             settings.model_dump(mode="json"),
             entry.max_session_s,
-            admission_timeout_s=entry.admission_timeout_s,
             recording=entry.recording_settings(manifest.config).model_dump(mode="json"),
             uploads=entry.upload_settings(manifest.config).model_dump(mode="json"),
             usage_database=access.store.database.url_with_password if access else None,
@@ -74,8 +73,8 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
             ranks=ranks,
         )
         # What names the model, and the one setting the ingress applies itself: a
-        # model scaled to zero has no replica to publish its admission timeout, and
-        # its first session waits for one to start. The rest travel with the model's
+        # model scaled to zero has no replica to publish anything, and its first
+        # session, its admission timeout bounding the wait, waits for one to start. The rest travel with the model's
         # own deployment. (Serve restarts every deployment when the app's args change
         # anyway; the ingress holds nothing, and busy replicas drain, so live
         # sessions go on.)

@@ -1,7 +1,7 @@
 """`DeploymentStatus`: what the ingress knows of one model's deployment.
 
 Three readings from the control plane meet here: the settings the model's replicas
-published to the session directory (`admission_timeout_s`, `max_replicas`), the
+published to the session directory (`max_replicas`, `sessions_per_replica`), the
 directory's count of live and waiting sessions, and Serve's own status of the
 deployment. Each is a `CachedReading`, so a page polling `GET /models` or a burst of
 new sessions costs the controller and the GCS one read per interval per ingress
@@ -22,12 +22,9 @@ from reactor_serve.protocol.errors import ModelUnavailable
 from reactor_serve.serve.cached_reading import CachedReading
 from reactor_serve.serve.session_directory import SessionDirectory
 
-__all__ = ["DEFAULT_ADMISSION_TIMEOUT_S", "DeploymentStatus", "serve_deployment_status"]
+__all__ = ["DeploymentStatus", "serve_deployment_status"]
 
 log = logging.getLogger("reactor_serve.serve")
-
-# What a model's sessions wait for a slot when its replicas published no setting yet.
-DEFAULT_ADMISSION_TIMEOUT_S = 60.0
 
 # Serve's deployment states in which no session can start (spelled both ways Ray has
 # printed them).
@@ -62,12 +59,11 @@ class DeploymentStatus:
         model: str,
         directory: SessionDirectory,
         *,
-        admission_timeout_s: float | None = None,
+        admission_timeout_s: float,
         read_status: Callable[[], Awaitable[Any]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`admission_timeout_s` is the app's setting for the model, when the ingress
-        was given it; `read_status` answers Serve's `DeploymentStatusOverview` of the
+        """`admission_timeout_s` is the app's setting for the model; `read_status` answers Serve's `DeploymentStatusOverview` of the
         deployment (or None); by default it asks Serve's controller, off the event loop."""
         self._model = model
         self._admission_timeout_s = admission_timeout_s
@@ -88,14 +84,11 @@ class DeploymentStatus:
     async def admission_timeout_s(self) -> float:
         """How long a session waits for a slot before it is told to come back later.
 
-        The app's own setting when the ingress has it: a model scaled to zero has no
-        replica to publish one, and its first session is the one that waits longest
-        (a replica, maybe a GPU node, starting). Else what the replicas published.
+        The app's setting, given to the ingress rather than published by the model's
+        replicas: a model scaled to zero has none, and its first session is the one
+        that waits longest (a replica, maybe a GPU node, starting).
         """
-        if self._admission_timeout_s is not None:
-            return self._admission_timeout_s
-        settings = await self.settings()
-        return float(settings.get("admission_timeout_s", DEFAULT_ADMISSION_TIMEOUT_S))
+        return self._admission_timeout_s
 
     async def problem(self) -> str | None:
         """Why the model's deployment cannot run any session, or None."""

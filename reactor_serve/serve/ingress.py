@@ -184,7 +184,7 @@ def make_ingress(
                 self.backends[model["name"]] = IngressSessions(
                     spec, handles[model["name"]], directory, ice_servers, metrics,
                     actor_name=actor_name,
-                    admission_timeout_s=model.get("admission_timeout_s"),
+                    admission_timeout_s=model["admission_timeout_s"],
                 )
             # The operator's Grafana dashboard comes with the app: Ray's Grafana reads it
             # from the head node's session folder, whichever node this replica is on.

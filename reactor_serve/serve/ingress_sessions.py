@@ -86,7 +86,7 @@ class IngressSessions:
         metrics: IngressMetrics | None = None,
         *,
         actor_name: str | None,
-        admission_timeout_s: float | None = None,
+        admission_timeout_s: float,
         deployment: DeploymentStatus | None = None,
         replicas: ReplicaCalls | None = None,
     ) -> None:

@@ -69,7 +69,6 @@ class ModelReplica:
         model_name: str,
         settings: dict[str, Any],
         max_session_s: float,
-        admission_timeout_s: float = 60.0,
         recording: dict[str, Any] | None = None,
         uploads: dict[str, Any] | None = None,
         usage_database: str | None = None,
@@ -119,7 +118,6 @@ class ModelReplica:
             # What the ingress needs to know of this model, published by the model
             # itself, so the ingress's args never carry a model's settings.
             self._directory.publish_model(model_name, {
-                "admission_timeout_s": admission_timeout_s,
                 "max_replicas": _deployment_max_replicas(),
                 "sessions_per_replica": len(self.host.seats),
                 "ranks": self.host.ranks,

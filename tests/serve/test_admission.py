@@ -111,7 +111,7 @@ async def ingresses(holders):
     def ingress(name: str) -> IngressSessions:
         # The actor name Serve gives a replica.
         backend = IngressSessions(SimpleNamespace(name=MODEL), model, directory, [],
-                                  actor_name=name,
+                                  actor_name=name, admission_timeout_s=60.0,
                                   replicas=ReplicaCalls(directory, get_actor=holders.get_actor))
         made.append(backend)
         return backend
@@ -525,7 +525,7 @@ async def test_candidates_trickled_beside_the_offer_never_undo_it(holders):
     directory = ReadModifyWriteDirectory()
     model = FullModel()
     ingress = IngressSessions(SimpleNamespace(name=MODEL), model, directory, [],
-                              actor_name="ingress-a",
+                              actor_name="ingress-a", admission_timeout_s=60.0,
                               replicas=ReplicaCalls(directory, get_actor=holders.get_actor))
     try:
         session_id = await new_session(directory)
@@ -560,6 +560,7 @@ async def test_an_offer_and_candidates_on_two_ingress_replicas_both_survive():
 
     def ingress(name: str) -> IngressSessions:
         return IngressSessions(SimpleNamespace(name=MODEL), model, directory, [], actor_name=name,
+                               admission_timeout_s=60.0,
                                replicas=ReplicaCalls(directory, get_actor=holders.get_actor))
 
     a, b = ingress("ingress-a"), ingress("ingress-b")

@@ -12,7 +12,6 @@ from memory_directory import MemoryDirectory
 
 from reactor_serve.protocol.errors import ModelUnavailable
 from reactor_serve.serve.deployment_status import (
-    DEFAULT_ADMISSION_TIMEOUT_S,
     DeploymentStatus,
 )
 
@@ -45,9 +44,10 @@ class FakeClock:
 
 @pytest.fixture
 def parts() -> SimpleNamespace:
-    directory = MemoryDirectory({"admission_timeout_s": 30.0, "max_replicas": 4})
+    directory = MemoryDirectory({"max_replicas": 4})
     serve, clock = FakeServe(), FakeClock()
-    status = DeploymentStatus(MODEL, directory, read_status=serve.read, clock=clock)
+    status = DeploymentStatus(MODEL, directory, admission_timeout_s=30.0, read_status=serve.read,
+                              clock=clock)
     return SimpleNamespace(status=status, directory=directory, serve=serve, clock=clock)
 
 
@@ -147,15 +147,9 @@ async def test_no_problem_while_a_session_could_still_run(parts, overview):
     await parts.status.check_available()
 
 
-async def test_the_admission_timeout_is_the_published_one_or_the_default(parts):
-    assert await parts.status.admission_timeout_s() == 30.0
-    empty = DeploymentStatus(MODEL, MemoryDirectory({}), read_status=FakeServe().read)
-    assert await empty.admission_timeout_s() == DEFAULT_ADMISSION_TIMEOUT_S
-
-
-async def test_the_apps_admission_timeout_holds_before_any_replica_published_one():
+async def test_the_admission_timeout_is_the_apps_whatever_the_replicas_published():
     # A model scaled to zero: its first session waits for a replica to start, and the
-    # app set how long that may take.
+    # app set how long that may take; a replica's older publication does not change it.
     scaled_to_zero = DeploymentStatus(MODEL, MemoryDirectory({}), admission_timeout_s=240.0,
                                       read_status=FakeServe().read)
     assert await scaled_to_zero.admission_timeout_s() == 240.0
@@ -172,7 +166,8 @@ async def test_a_directory_that_fails_reads_as_no_settings_and_no_sessions(parts
         async def session_counts(self, model: str, *, max_wait_s: float | None = None):
             raise ConnectionError("the GCS did not answer")
 
-    status = DeploymentStatus(MODEL, Unreachable(), read_status=FakeServe().read)
+    status = DeploymentStatus(MODEL, Unreachable(), admission_timeout_s=60.0,
+                              read_status=FakeServe().read)
     assert await status.settings() == {}
     capacity = await status.capacity()
     assert capacity["busy"] == 0 and capacity["waiting"] == 0

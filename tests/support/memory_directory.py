@@ -18,9 +18,7 @@ class MemoryDirectory:
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         self.records: dict[str, dict[str, Any]] = {}
         self.positions: dict[str, dict[str, Any]] = {}
-        self.settings: dict[str, Any] = (
-            {"admission_timeout_s": 60.0} if settings is None else dict(settings)
-        )
+        self.settings: dict[str, Any] = {} if settings is None else dict(settings)
         # key -> batch of candidates kept before placement (SessionDirectory's semantics).
         self.early: dict[str, dict[str, Any]] = {}
         self.settings_reads = 0

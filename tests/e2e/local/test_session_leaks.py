@@ -185,7 +185,7 @@ async def test_an_ingress_admission_that_fails_early_leaves_no_queue_entry():
 
     # Outside an actor: no actor name.
     backend = IngressSessions(SimpleNamespace(name="gradient"), None, _FailingDirectory(), [],
-                              actor_name=None)
+                              actor_name=None, admission_timeout_s=60.0)
     queue = backend.admission
     await queue.hold("a-session", claimed=False)
     assert queue._queue == [] and queue._queued_at == {}
