@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 from conftest import connected
+from emit_reports import compute_times_reported
 from paths import TEST_MODELS
 from waits import until
 
@@ -47,14 +48,7 @@ async def test_video_to_video_reference_example(manifest_host):
 async def test_run_loop_reference_example(manifest_host):
     host = manifest_host("run_loop")
     assert host.spec.buffer_size == 20
-    reported = []
-    record = host.output_buffer.record_emit
-
-    def spy(items, compute_time):
-        reported.append(compute_time)
-        record(items, compute_time)
-
-    host.output_buffer.record_emit = spy
+    reported = compute_times_reported(host.output_buffer)
     async with connected(host) as client:
         frame = await client.next_frame(timeout=60)
         assert frame.image.shape == (24, 32, 3)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from conftest import connected
+from emit_reports import compute_times_reported
 
 from reactor_serve.interface import (
     BufferClosed,
@@ -307,14 +308,7 @@ class TimedPipeline(ReactorPipeline):
 
 async def test_compute_time_is_measured_per_yield(host_of):
     host = host_of(TimedPipeline)
-    seen = []
-    record = host.output_buffer.record_emit
-
-    def spy(items, compute_time):
-        seen.append(compute_time)
-        record(items, compute_time)
-
-    host.output_buffer.record_emit = spy
+    seen = compute_times_reported(host.output_buffer)
     async with connected(host) as client:
         for _ in range(4):
             await client.next_frame(timeout=60)
