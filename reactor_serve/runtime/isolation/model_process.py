@@ -381,9 +381,14 @@ class ModelProcess:
             self._ends[session.id] = concurrent.futures.Future()
         with child.lock:
             child.opens[session.id] = answer
-        if not child.channel.send("open", session.id, stepped, seat):
-            answer.set_result(("error", "the model process is gone"))
-        outcome, detail = await asyncio.wrap_future(answer)
+        if child.channel.send("open", session.id, stepped, seat):
+            outcome, detail = await asyncio.wrap_future(answer)
+        else:
+            # The process closed its end and is exiting (tearing down its ranks, say),
+            # though it has not exited yet: the open goes to the next process.
+            with child.lock:
+                child.opens.pop(session.id, None)
+            outcome, detail = "restarting", None
         if outcome == "restarting":
             # Its model broke (its ranks failed) and the process is exiting: the
             # session waits for the next one, as for a process that died.

@@ -58,6 +58,14 @@ def _alive(pid):
         return False
 
 
+def _process_state(pid):
+    """The one-letter state of `pid` (`T`: stopped), or None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
 def _wait_until(predicate, timeout, what):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -154,6 +162,38 @@ def test_a_session_opening_while_the_model_process_dies_opens_on_the_next_one(
 
     asyncio.run(scenario())
     assert model.pid != dying and model.crashes == 1
+
+
+def test_a_session_opening_while_the_model_process_exits_opens_on_the_next_one(
+    tmp_path, process_of
+):
+    # The process has closed its end of the channel and has not exited yet (a process
+    # tearing down its ranks): the open cannot be sent, and waits for the next process
+    # rather than failing with "the model process is gone".
+    model = process_of(_copy_model(tmp_path, "crashing"), RESTART_BACKOFF_S=(0.05,))
+    exiting = model.pid
+
+    async def scenario():
+        async with connected(model) as first:
+            await first.next_frame(timeout=30)
+            first.send_command("crash", {"how": "close_channel_and_stop"})
+            await _until_async(lambda: _process_state(exiting) == "T",
+                               "the model process to close its channel and stop")
+        client = LocalClient(model)
+        opening = asyncio.ensure_future(client.connect())
+        # A negative check: the stopped process cannot exit however long this lasts.
+        await asyncio.sleep(0.5)
+        assert not opening.done(), opening.exception()
+        os.kill(exiting, signal.SIGKILL)
+        await asyncio.wait_for(opening, 60)
+        try:
+            frame = await client.next_frame(timeout=30)
+            assert frame.image[0, 0, 0] == 7 and client.end_reason is None
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+    assert model.pid != exiting and model.crashes == 1
 
 
 def test_a_session_waits_out_a_reload_and_is_told_why_one_failed(tmp_path, process_of):

@@ -3,11 +3,15 @@
 # a handler. Its load() fails while the file named by config["fail_load_if"] exists,
 # so a test can make the reloads after a crash fail, then let them succeed again; it
 # does not return while the file named by config["hold_load_while"] exists, so a test
-# can hold a reload as long as it needs (a large model loading).
+# can hold a reload as long as it needs (a large model loading). Asked to
+# "close_channel_and_stop", it shuts its end of the channel to the media process and
+# stops itself: alive, and past answering, as a process tearing down its ranks before
+# it exits.
 # Frames carry torch tensors, so their crossing into shared memory is exercised too.
 import ctypes
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -46,6 +50,10 @@ class Crashing(ReactorPipeline):
             self.hang = True
         elif how == "sys.exit":
             self.exit_now = True
+        elif how == "close_channel_and_stop":
+            fd = int(sys.argv[sys.argv.index("--channel-fd") + 1])
+            socket.socket(fileno=os.dup(fd)).shutdown(socket.SHUT_RDWR)
+            os.kill(os.getpid(), signal.SIGSTOP)
         else:
             raise RuntimeError(f"simulated handler failure: {how}")
 
