@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from dev_shm import dev_shm_entries
 from paths import EXAMPLES
+from rank_logs import rank_logs, ranks_logged
 from rank_processes import (
     model_copy,
     wait_for_ranks,
@@ -70,13 +71,14 @@ async def test_every_rank_runs_the_model_on_the_same_inputs_in_the_same_order(
         client.send_command("set_strength", {"strength": 0.25})
         client.send_command("flash", {"frames": 5})
         await until_white(client)
-        client.send_command("set_speed", {"speed": 3.0})
-        # Counted, not timed: thirty more frames mean thirty more steps in every log.
-        for _ in range(30):
-            await client.next_frame(timeout=DEADLINE_S)
+        # Steps enough to compare, awaited in the ranks' own logs: a count of frames
+        # received would also count a slow step's frame shown twice.
+        await ranks_logged(client, logs, ranks,
+                           lambda steps: "flash 5" in steps and len(steps) > 20,
+                           "the flash and more than twenty steps on every rank", DEADLINE_S)
     finally:
         await client.close()
-    logged = [(logs / f"rank-{rank}.log").read_text().splitlines() for rank in range(ranks)]
+    logged = rank_logs(logs, ranks)
     assert [log[0].split()[:4] for log in logged] == [
         ["rank", str(rank), "of", str(ranks)] for rank in range(ranks)]
     steps = [log[1:] for log in logged]

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from dev_shm import dev_shm_entries
 from paths import EXAMPLES
+from rank_logs import rank_logs, ranks_logged
 from rank_processes import (
     check_failure_named,
     fail_rank,
@@ -70,13 +71,15 @@ async def test_a_multi_rank_model_streams_and_every_rank_sees_the_same_steps(
         for hue in (0.5, 0.9):
             client.send_command("set_hue", {"hue": hue})
             await frames_until_hue_changes(client)
-        # Counted, not timed: thirty more frames mean thirty more steps in every log.
-        for _ in range(30):
-            await client.next_frame(timeout=DEADLINE_S)
+        # Steps enough to compare, awaited in the ranks' own logs: a count of frames
+        # received would also count a slow step's frame shown twice.
+        await ranks_logged(client, logs, ranks,
+                           lambda steps: len(steps) > 20 and steps[-1].split()[1] == "0.9000",
+                           "the last hue and more than twenty steps on every rank", DEADLINE_S)
     finally:
         await client.close()
     # Each rank's own log: the same steps, in the same order, hue changes included.
-    logged = [(logs / f"rank-{rank}.log").read_text().splitlines() for rank in range(ranks)]
+    logged = rank_logs(logs, ranks)
     assert [line.split()[:4] for line in (log[0] for log in logged)] == [
         ["rank", str(rank), "of", str(ranks)] for rank in range(ranks)]
     steps = [log[1:] for log in logged]
@@ -87,10 +90,7 @@ async def test_a_multi_rank_model_streams_and_every_rank_sees_the_same_steps(
     assert hues.index("0.5000") < hues.index("0.9000")
     shm_before = dev_shm_entries()
     run.stop()
-    deadline = time.monotonic() + DEADLINE_S
-    while any(Path(f"/proc/{pid}").exists() for pid in pids.values()):
-        assert time.monotonic() < deadline, "a rank outlived reactor run"
-        time.sleep(0.1)  # the poll interval of a wait for the ranks to exit
+    wait_until_gone(pids.values(), timeout=DEADLINE_S)
     assert dev_shm_entries() <= shm_before
 
 

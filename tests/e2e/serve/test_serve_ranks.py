@@ -5,7 +5,6 @@ the replica serves the next one with fresh ranks."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -15,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from paths import EXAMPLES
+from rank_logs import rank_logs, ranks_logged
 from rank_processes import model_copy
 from waits import model_frame
 
@@ -25,27 +25,6 @@ pytestmark = pytest.mark.timeout(420)
 OPERATOR = {"X-Operator-Token": "op"}
 # How long a wait for media (a frame, a message, an end) may take on a loaded machine.
 MEDIA = 60
-
-
-def complete_lines(path: Path) -> list[str]:
-    """The lines a rank has finished writing: a live rank may be half-way through one."""
-    text = path.read_text()
-    return text[: text.rfind("\n") + 1].splitlines()
-
-
-def rank_logs(logs: Path, ranks: int) -> list[list[str]]:
-    return [complete_lines(logs / f"rank-{rank}.log") for rank in range(ranks)]
-
-
-async def ranks_logged(client, logs: Path, ranks: int, predicate, what: str) -> None:
-    """Wait, while the session streams, until every rank's log since its header meets
-    `predicate`: the steps the ranks say they ran, not a count of the frames the
-    client received (a slow step can show the same frame more than once)."""
-    deadline = time.monotonic() + MEDIA
-    while not all(predicate(log[1:]) for log in rank_logs(logs, ranks)):
-        assert not client.closed, (what, client.end_reason, client.end_message)
-        assert time.monotonic() < deadline, f"the ranks' logs never showed {what}"
-        await asyncio.sleep(0.2)  # the poll interval of this bounded wait
 
 
 async def a_gpu_each(model: str, logs: Path, ranks: int) -> list[list[str]]:
@@ -105,7 +84,7 @@ async def test_each_rank_gets_a_gpu_of_the_replica_and_a_killed_rank_restarts_th
             # Enough steps to compare, as every rank logged them since the restart,
             # however slowly a loaded machine ran them.
             await ranks_logged(again, logs, ranks, lambda steps: len(steps) > 5,
-                               "more than five steps on every rank")
+                               "more than five steps on every rank", MEDIA)
         finally:
             await again.close()
         fresh = [int(log[0].split()[5]) for log in rank_logs(logs, ranks)]
@@ -153,7 +132,7 @@ async def test_a_model_run_on_every_rank_streams_through_serve_and_restarts_its_
             await ranks_logged(
                 client, logs, ranks,
                 lambda steps: len(steps) > 20 and any("strength 0.5000" in s for s in steps),
-                "the new strength and more than twenty steps on every rank")
+                "the new strength and more than twenty steps on every rank", MEDIA)
             headers = await a_gpu_each(model, logs, ranks)
             # Every rank's model ran the same steps on the same camera frames, the
             # event and the new strength at the same step.
@@ -169,7 +148,8 @@ async def test_a_model_run_on_every_rank_streams_through_serve_and_restarts_its_
             await client.close()
         assert ended["data"]["reason"] == "error"
         assert f"rank 0 (pid {victim})" in ended["data"]["message"], ended
-        again = await connect(model, inputs={"camera": frames}, timeout=90)
+        # As above: the next session waits for every rank to load again.
+        again = await connect(model, inputs={"camera": frames}, timeout=3 * MEDIA)
         try:
             for _ in range(10):
                 await painted_frame(again)
