@@ -318,46 +318,51 @@ export class ReactorSession extends EventTarget {
     channel.onclose = () => {
       if (generation === this._generation) clearInterval(this._pingTimer);
     };
+    let resolve;
+    let reject;
+    const opened = new Promise((res, rej) => {
+      resolve = res;
+      reject = rej;
+    });
+    // The stall timer runs only once the answer is in, and restarts on every step the
+    // connection makes: a slow ICE check list is progress, silence is not.
     let timer = null;
     let answered = false;
-    let stalled = () => {};
+    const stalled = () => reject(new SessionError(
+      `the connection made no progress for ${OPEN_STALL_MS / 1000} s ` +
+      `(ICE ${pc.iceConnectionState}, connection ${pc.connectionState})`));
     const rearm = () => {
       if (!answered) return;
       clearTimeout(timer);
       timer = setTimeout(stalled, OPEN_STALL_MS);
     };
-    const opened = new Promise((resolve, reject) => {
-      stalled = () => reject(new SessionError(
-        `the connection made no progress for ${OPEN_STALL_MS / 1000} s ` +
-        `(ICE ${pc.iceConnectionState}, connection ${pc.connectionState})`));
-      const progressed = () => {
-        if (["failed", "closed"].includes(pc.connectionState)) {
-          clearTimeout(timer);
-          reject(new SessionError(`the connection ${pc.connectionState}`));
-        } else {
-          rearm();
-        }
-      };
-      pc.addEventListener("connectionstatechange", progressed);
-      pc.addEventListener("iceconnectionstatechange", rearm);
-      channel.onopen = () => {
+    const progressed = () => {
+      if (["failed", "closed"].includes(pc.connectionState)) {
         clearTimeout(timer);
-        pc.removeEventListener("connectionstatechange", progressed);
-        pc.removeEventListener("iceconnectionstatechange", rearm);
-        if (generation !== this._generation) return reject(new Superseded());
-        const reconnected = this.state === "reconnecting";
-        this._lastInbound = performance.now();
-        this._setState("connected", reconnected ? { reconnected: true } : {});
-        this._send("runtime", "requestSchema", {});
-        // A channel that closes on its own (before the watchdog or a reconnect clears
-        // this timer) is not an error to throw from a timer: it just gets no ping.
-        this._pingTimer = setInterval(() => {
-          if (channel.readyState === "open") this._send("runtime", "ping", {});
-        }, PING_INTERVAL_MS);
-        this._watchdog = setInterval(() => this._checkTransport(pc, channel, generation), WATCHDOG_MS);
-        resolve();
-      };
-    });
+        reject(new SessionError(`the connection ${pc.connectionState}`));
+      } else {
+        rearm();
+      }
+    };
+    pc.addEventListener("connectionstatechange", progressed);
+    pc.addEventListener("iceconnectionstatechange", rearm);
+    channel.onopen = () => {
+      clearTimeout(timer);
+      pc.removeEventListener("connectionstatechange", progressed);
+      pc.removeEventListener("iceconnectionstatechange", rearm);
+      if (generation !== this._generation) return reject(new Superseded());
+      const reconnected = this.state === "reconnecting";
+      this._lastInbound = performance.now();
+      this._setState("connected", reconnected ? { reconnected: true } : {});
+      this._send("runtime", "requestSchema", {});
+      // A channel that closes on its own (before the watchdog or a reconnect clears
+      // this timer) is not an error to throw from a timer: it just gets no ping.
+      this._pingTimer = setInterval(() => {
+        if (channel.readyState === "open") this._send("runtime", "ping", {});
+      }, PING_INTERVAL_MS);
+      this._watchdog = setInterval(() => this._checkTransport(pc, channel, generation), WATCHDOG_MS);
+      resolve();
+    };
     // A negotiation that fails before it awaits `opened` closes the connection, which
     // rejects it: handled there, not reported as an uncaught rejection.
     opened.catch(() => {});
