@@ -35,7 +35,10 @@ def test_keys_create_list_revoke_and_rotate(database_url):
     # The platform's defaults where no flag says otherwise.
     assert (entry["max_concurrent"], entry["starts_per_minute"], entry["max_session_s"]) == (
         2, 50, 1200)
-    assert key not in listed.stdout and key.split("_")[2] not in listed.stdout
+    # The secret is everything after the key id: URL-safe base64, which may hold "_" too.
+    secret = key.split("_", 2)[2]
+    assert len(secret) == 43
+    assert key not in listed.stdout and secret not in listed.stdout
     access = AccessControl.open(database_url, auth_secret=SECRET)
     try:
         assert access.store.authenticate(key).name == "alice"
