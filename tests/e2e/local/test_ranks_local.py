@@ -123,7 +123,10 @@ async def test_a_failed_rank_ends_the_session_naming_it_and_the_next_session_wor
     # Every rank of the failed group is gone; the model restarted with fresh ones.
     fresh = wait_for_ranks(run.process.pid, 2, avoid=set(pids.values()), timeout=DEADLINE_S)
     wait_until_gone(pids.values(), timeout=DEADLINE_S)
-    again = await connect(run.url, timeout=DEADLINE_S)
+    # Fresh rank processes exist before they have loaded: the next session waits for
+    # every rank to load again, which takes what the first load took (three windows,
+    # as the Serve ranks tests give theirs).
+    again = await connect(run.url, timeout=3 * DEADLINE_S)
     try:
         await model_frame(again, PAINTED, DEADLINE_S)
     finally:

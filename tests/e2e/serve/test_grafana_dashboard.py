@@ -434,11 +434,13 @@ async def test_every_panel_shows_data_from_a_real_serve_session(ray_serve, tmp_p
         for _ in range(2):
             batched.append(await connect(f"{url}/models/batched-probe", token=batched_token))
             await batched[-1].next_frame(timeout=60)
-        # The first session drops frames and ends with a model error after ~3 s; the
-        # second waits for the one replica meanwhile, then stays live while the
-        # per-live-session panels are read.
+        # The first session drops frames and, once it has shown one, ends with a model
+        # error it asks for (a timer in the model could fire before a loaded client's
+        # connection opened); the second waits for the one replica meanwhile, then
+        # stays live while the per-live-session panels are read.
         first = await connect(model, token=token)
         await first.next_frame(timeout=60)
+        first.send_command("fail")
         second = await connect(model, token=token)
         await second.next_frame(timeout=60)
         # Commands whose answering frames the client reports: input-to-frame latency.

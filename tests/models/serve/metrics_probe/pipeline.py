@@ -1,12 +1,11 @@
 # A model that makes every session metric move, for the Grafana dashboard's test: it
-# emits faster than its buffer drains with drop=True (dropped frames), its first
-# session raises after a few seconds (a model error, a session ended by "error"), and
-# its first model process exits as soon as it is loaded (a model process restart).
+# emits faster than its buffer drains with drop=True (dropped frames), its run raises
+# when a session sends `fail` (a model error, a session ended by "error"), and its
+# first model process exits as soon as it is loaded (a model process restart).
 # `poke` changes nothing; the frame after it answers it (input-to-frame latency).
 import asyncio
 import os
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +23,15 @@ class MetricsProbe(ReactorModel):
     fps = 30
 
     def load(self, config):
-        self.sessions = 0
+        self.failing = False
 
     @event(name="poke", description="Does nothing: a command to measure")
     def poke(self):
         pass
+
+    @event(name="fail", description="Make run() raise: a model error")
+    def fail(self):
+        self.failing = True
 
     async def run(self):
         # Once per replica (the replica names itself to its model process).
@@ -39,12 +42,11 @@ class MetricsProbe(ReactorModel):
         frame = np.full((48, 64, 3), 80, np.uint8)
         while True:
             await self.connected.wait()
-            self.sessions += 1
-            started = time.monotonic()
             while self.connected.is_set():
                 # Twice what the buffer holds: the half that does not fit is dropped.
                 for _ in range(2 * self.buffer_size):
                     await self.emit(Out(main_video=frame), drop=True)
                 await asyncio.sleep(1 / self.fps)
-                if self.sessions == 1 and time.monotonic() - started > 3:
+                if self.failing:
+                    self.failing = False  # the session after it runs
                     raise RuntimeError("metrics probe: a model error for the dashboard")
