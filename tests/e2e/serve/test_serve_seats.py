@@ -234,6 +234,8 @@ async def test_a_scale_down_waits_for_the_newest_replica_to_empty_and_new_sessio
         ray_serve.delete("seats-down")
 
 
+# Past the module's bound: the deploy, the crash and the reload each wait on a loaded machine.
+@pytest.mark.timeout(600)
 async def test_a_crash_ends_every_session_of_the_replica_and_it_serves_again(ray_serve):
     url = ray_serve.deploy("seats-crash", {"operator_token": "op", "models": [
         {"path": "tests/models/process/crashing", "min_replicas": 1, "max_replicas": 1,
@@ -249,7 +251,9 @@ async def test_a_crash_ends_every_session_of_the_replica_and_it_serves_again(ray
             await victim.wait_closed(timeout=MEDIA)
             assert victim.end_reason == "error"
             assert "the model process was killed by SIGSEGV" in victim.end_message
-        survivors = [await connect(model), await connect(model)]
+        # Both wait for the model process to reload (a fresh process importing torch),
+        # three media windows as every test after a crash or a killed rank gives it.
+        survivors = [await connect(model, timeout=3 * MEDIA) for _ in range(2)]
         for survivor in survivors:
             assert (await survivor.next_frame(timeout=MEDIA)).image.shape == (48, 64, 3)
             await survivor.close()
