@@ -171,7 +171,8 @@ class ModelProcess:
 
     def start(self, timeout: float | None = None) -> None:
         """Start the model process and wait until the model is loaded. Raises
-        ModelLoadError (with the child's traceback) when the first load fails."""
+        ModelLoadError (with the child's traceback) when the first load fails, and
+        TimeoutError, with the process stopped, when it has not loaded in `timeout`."""
         self._placers = [
             threading.Thread(target=self._place, args=(seat,), name=f"reactor-placer-{seat}",
                              daemon=True)
@@ -192,6 +193,12 @@ class ModelProcess:
             self._supervisor.start(timeout)
         except ChildStopped as exc:
             raise ModelLoadError("shut down while loading", "") from exc
+        except TimeoutError:
+            # A start the caller gave up on must not go on loading behind its back,
+            # holding memory and a GPU: its process is killed (it has no session to end).
+            self.shutdown(timeout=0)
+            raise TimeoutError(
+                f"model {self.spec.name!r} did not load within {timeout:g} s") from None
         # This process's server and imports are here for good: out of later collections.
         freeze_startup_heap()
 

@@ -58,6 +58,19 @@ def _alive(pid):
         return False
 
 
+def _processes_running(word):
+    """The live processes (zombies left out) whose command line holds `word`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _process_state(entry) not in (None, "Z"):
+            try:
+                if word in Path(f"/proc/{entry}/cmdline").read_bytes().decode():
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
 def _process_state(pid):
     """The one-letter state of `pid` (`T`: stopped), or None once it is gone."""
     try:
@@ -333,6 +346,21 @@ def test_a_failing_first_load_raises_with_the_models_traceback_and_leaves_no_pro
     assert "Crashing.load(config) raised RuntimeError" in str(raised.value)
     assert "pipeline.py" in raised.value.traceback
     assert not model.healthy and model.pid is None
+    model.shutdown()
+
+
+def test_a_start_given_up_on_stops_the_loading_process_and_names_the_wait(tmp_path):
+    hold = tmp_path / "hold-load"
+    hold.write_text("now")
+    model_dir = _copy_model(tmp_path, "crashing", {"hold_load_while": str(hold)})
+    model = ModelProcess(model_dir)
+    # The load is held for as long as the marker exists: the start is given up on.
+    with pytest.raises(TimeoutError, match="model 'crashing' did not load within 1 s"):
+        model.start(timeout=1.0)
+    assert not model.healthy and model.pid is None
+    # Nothing goes on loading behind the caller's back.
+    _wait_until(lambda: not _processes_running(str(model_dir)), 30,
+                "the loading model process to be stopped")
     model.shutdown()
 
 
