@@ -1,6 +1,7 @@
 import contextlib
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -97,10 +98,21 @@ class RayServe:
                   route_prefix=f"/{name}")
         return f"{self.base}/{name}"
 
+    # How long an application's deletion may take: Serve's own blocking delete gives up
+    # after a fixed 60 s, which six models' replicas stopping on a loaded machine
+    # outlast. A bound on the wait for the app to be gone, not a speed.
+    DELETE_S = 300
+
     def delete(self, name):
         from ray import serve
 
-        serve.delete(name)
+        serve.delete(name, _blocking=False)
+        deadline = time.monotonic() + self.DELETE_S
+        # A deleted application leaves Serve's status once its replicas have stopped.
+        while name in serve.status().applications:
+            assert time.monotonic() < deadline, (
+                f"application {name!r} not deleted in {self.DELETE_S} s")
+            time.sleep(0.5)  # the poll interval of this bounded wait
 
     def close(self):
         import ray
