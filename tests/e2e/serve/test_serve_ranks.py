@@ -20,7 +20,9 @@ from waits import model_frame
 
 from reactor_serve.client import connect
 
-pytestmark = pytest.mark.timeout(420)
+# A hang guard past the sum of the waits inside, each of which fails first naming what
+# it awaited: a deploy of ranked replicas, five media windows and a reload's three.
+pytestmark = pytest.mark.timeout(900)
 
 OPERATOR = {"X-Operator-Token": "op"}
 # How long a wait for media (a frame, a message, an end) may take on a loaded machine.
