@@ -94,6 +94,25 @@ async def _until_async(predicate, what, timeout=60):
         await asyncio.sleep(0.01)  # the poll interval of a wait with a deadline
 
 
+async def _opens_once_released(model, release, held):
+    """Open a session while something holds the model back; it must not open until
+    `release()` is called, then it opens, streams the model's own frames, and its
+    client never hears that it ended."""
+    client = LocalClient(model)
+    opening = asyncio.ensure_future(client.connect())
+    # A negative check: while held, nothing can open however long this lasts.
+    await asyncio.sleep(0.5)
+    assert not opening.done(), (held, opening.exception())
+    release()
+    await asyncio.wait_for(opening, 60)
+    try:
+        frame = await client.next_frame(timeout=30)
+        assert frame.image[0, 0, 0] == 7 and client.end_reason is None
+        assert not [m for m in client.messages if m.get("data", {}).get("type") == "sessionEnded"]
+    finally:
+        await client.close()
+
+
 @pytest.fixture
 def process_of():
     started = []
@@ -158,20 +177,8 @@ def test_a_session_opening_while_the_model_process_dies_opens_on_the_next_one(
 
     async def scenario():
         os.kill(dying, signal.SIGSTOP)
-        client = LocalClient(model)
-        opening = asyncio.ensure_future(client.connect())
-        # A negative check: a stopped process cannot answer however long this lasts.
-        await asyncio.sleep(0.5)
-        assert not opening.done(), "a stopped process cannot have answered the open"
-        os.kill(dying, signal.SIGKILL)
-        await asyncio.wait_for(opening, 60)
-        try:
-            frame = await client.next_frame(timeout=30)
-            assert frame.image[0, 0, 0] == 7
-            assert client.end_reason is None
-            assert not [m for m in client.messages if m.get("data", {}).get("type") == "sessionEnded"]
-        finally:
-            await client.close()
+        await _opens_once_released(model, lambda: os.kill(dying, signal.SIGKILL),
+                                   "a stopped process cannot have answered the open")
 
     asyncio.run(scenario())
     assert model.pid != dying and model.crashes == 1
@@ -192,18 +199,8 @@ def test_a_session_opening_while_the_model_process_exits_opens_on_the_next_one(
             first.send_command("crash", {"how": "close_channel_and_stop"})
             await _until_async(lambda: _process_state(exiting) == "T",
                                "the model process to close its channel and stop")
-        client = LocalClient(model)
-        opening = asyncio.ensure_future(client.connect())
-        # A negative check: the stopped process cannot exit however long this lasts.
-        await asyncio.sleep(0.5)
-        assert not opening.done(), opening.exception()
-        os.kill(exiting, signal.SIGKILL)
-        await asyncio.wait_for(opening, 60)
-        try:
-            frame = await client.next_frame(timeout=30)
-            assert frame.image[0, 0, 0] == 7 and client.end_reason is None
-        finally:
-            await client.close()
+        await _opens_once_released(model, lambda: os.kill(exiting, signal.SIGKILL),
+                                   "the stopped process cannot exit")
 
     asyncio.run(scenario())
     assert model.pid != exiting and model.crashes == 1
@@ -228,18 +225,8 @@ def test_a_session_waits_out_a_reload_and_is_told_why_one_failed(tmp_path, proce
     async def scenario():
         hold.write_text("now")
         await crash()
-        client = LocalClient(model)
-        opening = asyncio.ensure_future(client.connect())
-        # A negative check: the reload is held, so nothing can open however long this lasts.
-        await asyncio.sleep(0.5)
-        assert not opening.done(), "the session opened on a model that is not loaded"
-        hold.unlink()
-        await asyncio.wait_for(opening, 60)
-        try:
-            frame = await client.next_frame(timeout=30)
-            assert frame.image[0, 0, 0] == 7 and client.end_reason is None
-        finally:
-            await client.close()
+        await _opens_once_released(model, hold.unlink,
+                                   "the session opened on a model that is not loaded")
         # The reload after the next crash fails (UNHEALTHY_AFTER is 1 here): the
         # session waiting for it is refused with the model's own error.
         hold.write_text("now")
