@@ -74,10 +74,10 @@ def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None
         )
         # What names the model, and the one setting the ingress applies itself: a
         # model scaled to zero has no replica to publish anything, and its first
-        # session, its admission timeout bounding the wait, waits for one to start. The rest travel with the model's
-        # own deployment. (Serve restarts every deployment when the app's args change
-        # anyway; the ingress holds nothing, and busy replicas drain, so live
-        # sessions go on.)
+        # session, its admission timeout bounding the wait, waits for one to start.
+        # The rest travel with the model's own deployment. (Serve restarts every
+        # deployment when the app's args change anyway; the ingress holds nothing,
+        # and busy replicas drain, so live sessions go on.)
         models.append({"name": name, "path": str(path),
                        "admission_timeout_s": entry.admission_timeout_s})
     ingress = make_ingress(args.auth_token, args.operator_token, access).options(

@@ -63,8 +63,9 @@ class DeploymentStatus:
         read_status: Callable[[], Awaitable[Any]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`admission_timeout_s` is the app's setting for the model; `read_status` answers Serve's `DeploymentStatusOverview` of the
-        deployment (or None); by default it asks Serve's controller, off the event loop."""
+        """`admission_timeout_s` is the app's setting for the model; `read_status`
+        answers Serve's `DeploymentStatusOverview` of the deployment (or None); by
+        default it asks Serve's controller, off the event loop."""
         self._model = model
         self._admission_timeout_s = admission_timeout_s
         self._directory = directory
