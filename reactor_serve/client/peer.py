@@ -47,6 +47,14 @@ log = logging.getLogger("reactor_serve.client")
 Signal = Callable[[str, list[dict[str, Any]]], Awaitable[str]]
 
 
+def _transport_states(pc: RTCPeerConnection) -> str:
+    """Where a connection that did not come up got to, for the error that says so."""
+    sctp = pc.sctp
+    dtls = sctp.transport.state if sctp is not None else "none"
+    return (f"connection {pc.connectionState}, ICE {pc.iceConnectionState}, DTLS {dtls}, "
+            f"SCTP {sctp.state if sctp is not None else 'none'}")
+
+
 @dataclass(slots=True)
 class ReceivedVideo:
     track: str
@@ -243,7 +251,9 @@ class ClientPeer:
         connection once the new one is answered (the old one is closed then: a server
         may end a session whose only connection closes). `still_on()` is awaited every
         `STILL_ON_INTERVAL_S` while the channel is not open yet; whatever it raises
-        (the session ended meanwhile) ends the attempt."""
+        (the session ended meanwhile) ends the attempt. A connection that fails before
+        its channel opens raises ConnectionError, one still not open after `timeout`
+        TimeoutError; both name how far it got (ICE, DTLS, SCTP)."""
         if self.closed:
             raise ConnectionError("the peer is closed")
         pc = RTCPeerConnection(
@@ -296,12 +306,18 @@ class ClientPeer:
             mapping.append({"track": track, "transceiver": transceiver})
         channel = pc.createDataChannel("data")
         opened = asyncio.Event()
+        broke = asyncio.Event()
         channel.on("open", opened.set)
         channel.on("message", lambda raw: self._on_message(raw, channel))
 
         @pc.on("connectionstatechange")
         def on_state() -> None:
             if pc.connectionState not in ("failed", "closed"):
+                return
+            if not opened.is_set():
+                # Never up: this attempt failed, and says so itself (a reconnect's
+                # attempt too), rather than a connection being lost.
+                broke.set()
                 return
             # Only the current connection matters: a replaced one closing, or one
             # being closed by `close()`, is expected.
@@ -345,25 +361,42 @@ class ClientPeer:
             closing = loop.create_task(self._retire(previous))
             self._retiring.add(closing)
             closing.add_done_callback(self._retiring.discard)
-        await asyncio.wait_for(self._until_open(opened, still_on), timeout)
+        try:
+            await asyncio.wait_for(self._until_open(opened, broke, still_on), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(
+                f"the data channel did not open within {timeout:g} s of the answer "
+                f"({_transport_states(pc)})"
+            ) from None
+        if not opened.is_set():
+            if self._closing is not None:
+                raise ConnectionError("the peer was closed while it connected")
+            raise ConnectionError(
+                f"the connection failed before its data channel opened ({_transport_states(pc)})"
+            )
         self.last_inbound = time.monotonic()
         self._open.set()
         if self._ping_task is None:
             self._ping_task = loop.create_task(self._ping())
 
     async def _until_open(
-        self, opened: asyncio.Event, still_on: Callable[[], Awaitable[Any]] | None
+        self, opened: asyncio.Event, broke: asyncio.Event,
+        still_on: Callable[[], Awaitable[Any]] | None,
     ) -> None:
-        # A session can end before its channel opens (its model failed at once): the
-        # server then closes a connection that never came up, and only asking it says
-        # so; waiting alone would last the whole timeout.
-        while True:
+        """Until the channel opens or the connection fails. A session can also end
+        before its channel opens (its model failed at once): the server then closes a
+        connection that never came up, and only asking it says so; waiting alone
+        would last the whole timeout."""
+        while not (opened.is_set() or broke.is_set()):
+            waits = {asyncio.ensure_future(opened.wait()), asyncio.ensure_future(broke.wait())}
             try:
-                await asyncio.wait_for(opened.wait(), self.STILL_ON_INTERVAL_S)
-                return
-            except asyncio.TimeoutError:
-                if still_on is not None:
-                    await still_on()
+                done, _ = await asyncio.wait(waits, timeout=self.STILL_ON_INTERVAL_S,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+            if not done and still_on is not None:
+                await still_on()
 
     async def _retire(self, pc: RTCPeerConnection) -> None:
         await pc.close()

@@ -73,3 +73,61 @@ async def test_a_session_that_ends_before_its_channel_opens_ends_the_connect_at_
     finally:
         await peer.close()
     assert asked == [1, 1]  # asked until it raised, and not once more
+
+
+async def _refused_answer(server, sdp_offer):
+    """A real answer with no candidate in it, from a peer that then goes away: the
+    client's ICE has no pair to check, so it fails at once, and nothing else can
+    reach the client either."""
+    await server.setRemoteDescription(RTCSessionDescription(sdp=sdp_offer, type="offer"))
+    await server.setLocalDescription(await server.createAnswer())
+    lines = [line for line in server.localDescription.sdp.splitlines()
+             if not line.startswith("a=candidate:")]
+    await server.close()
+    return "\r\n".join(lines) + "\r\n"
+
+
+async def test_a_connection_that_fails_before_its_channel_opens_ends_the_connect_with_its_states():
+    server = RTCPeerConnection()
+    peer = ClientPeer({"tracks": []})
+
+    async def signal(sdp_offer, track_mapping):
+        return await _refused_answer(server, sdp_offer)
+
+    # The error names the failure (a timeout would raise TimeoutError): the 60 s is a
+    # hang guard only.
+    try:
+        await peer.connect(signal, timeout=60)
+    except ConnectionError as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("connect() returned on a connection that failed")
+    finally:
+        await peer.close()
+    assert message.startswith("the connection failed before its data channel opened (")
+    assert "ICE failed" in message and "DTLS" in message and "SCTP" in message
+
+
+async def test_a_channel_still_shut_at_the_timeout_names_how_far_the_connection_got():
+    server = RTCPeerConnection()
+    peer = ClientPeer({"tracks": []})
+
+    async def signal(sdp_offer, track_mapping):
+        # Answered, and then nothing: the server never checks or answers a check.
+        await server.setRemoteDescription(RTCSessionDescription(sdp=sdp_offer, type="offer"))
+        await server.setLocalDescription(await server.createAnswer())
+        answer = server.localDescription.sdp
+        await server.close()
+        return answer
+
+    # The timeout is the behaviour under test: far shorter than ICE takes to give up.
+    try:
+        await peer.connect(signal, timeout=0.5)
+    except TimeoutError as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("connect() returned on a channel that never opened")
+    finally:
+        await peer.close()
+    assert message.startswith("the data channel did not open within 0.5 s of the answer (")
+    assert "connection connecting" in message and "SCTP" in message
