@@ -21,12 +21,13 @@ from reactor_serve.serve.config import AppArgs, model_deployment_options
 from reactor_serve.serve.gpu_placement import discover_cluster_gpus, resolve_gpus
 from reactor_serve.serve.ingress import make_ingress
 from reactor_serve.serve.replica import ModelReplica
+from reactor_serve.serve.replica_logging import SERVE_LOGGER
 
 __all__ = ["build_app"]
 
 # Serve's logger: the builder's lines land in the application's build log, where an
 # operator looking at `serve status` or the dashboard finds them.
-log = logging.getLogger("ray.serve")
+log = logging.getLogger(SERVE_LOGGER)
 
 
 def build_app(args: AppArgs | dict[str, Any], base_dir: str | Path | None = None) -> Application:

@@ -341,10 +341,12 @@ def install_on_head() -> Any:
 def _install_on_this_node() -> str | None:
     import logging
 
+    from reactor_serve.serve.replica_logging import SERVE_LOGGER
+
     try:
         target = install_dashboard()
     except OSError as exc:  # a dashboard is not worth a failed deploy: say so, go on
-        logging.getLogger("ray.serve").warning("could not install the Grafana dashboard: %s", exc)
+        logging.getLogger(SERVE_LOGGER).warning("could not install the Grafana dashboard: %s", exc)
         return None
     return None if target is None else str(target)
 

@@ -41,6 +41,7 @@ from reactor_serve.runtime.session import EndReason
 from reactor_serve.serve.grafana_dashboard import install_on_head
 from reactor_serve.serve.ingress_sessions import IngressSessions
 from reactor_serve.serve.metrics import IngressMetrics, UsageMetrics
+from reactor_serve.serve.replica_logging import join_serve_log
 from reactor_serve.serve.session_directory import SessionDirectory
 from reactor_serve.sessions.uploads.settings import MAX_FILE_BYTES_CEILING
 
@@ -166,6 +167,7 @@ def make_ingress(
             handles: dict[str, Any],
             ice_servers: list[dict[str, Any]],
         ) -> None:
+            join_serve_log()
             metrics = IngressMetrics()
             self.app_name = serve.get_replica_context().app_name
             directory = SessionDirectory(self.app_name)

@@ -40,6 +40,7 @@ from reactor_serve.runtime.session import EndReason
 from reactor_serve.runtime.startup_heap import freeze_startup_heap
 from reactor_serve.serve import metrics
 from reactor_serve.serve.policy import SEATS_USED_METRIC
+from reactor_serve.serve.replica_logging import join_serve_log
 from reactor_serve.serve.seat_router import STARTED_AT_STAT
 from reactor_serve.serve.session_directory import SessionDirectory
 from reactor_serve.sessions.contract import AnswerPending, ClientIdentity, SessionState
@@ -75,6 +76,7 @@ class ModelReplica:
         seats: int = 1,
         ranks: int = 1,
     ) -> None:
+        join_serve_log()
         self.model_name = model_name
         self._identity = _replica_identity()
         # The model runs in a process of its own (REACTOR_IN_PROCESS=1 keeps it on a
