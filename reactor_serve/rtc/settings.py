@@ -130,6 +130,10 @@ class WebRTCSettings(BaseModel):
     ice_transport_policy: Literal["all", "relay"] = "all"
     # A session with no inbound data-channel frame for this long is ended (client gone).
     idle_timeout_s: float = Field(default=20.0, gt=0)
+    # How long an answered connection may take to come up (ICE and DTLS connected)
+    # before its transport counts as lost; its silence counts from then. As long as
+    # our clients wait for their channel: a busy client or server may take a while.
+    connect_timeout_s: float = Field(default=60.0, gt=0)
     # A session whose transport is lost without `stop_session` (peer connection closed
     # or failed, or the watchdog above) is orphaned for this long: the model keeps its
     # state and a new offer resumes it (the JS SDK's reconnect). 0 ends it at once.

@@ -2,7 +2,9 @@
 
 A client is alive while frames arrive on its data channel: the watchdog calls
 `on_silent` once none came for `idle_timeout_s` (its pings keep a quiet client
-alive). A lost transport orphans the session for `reconnect_grace_s`: `on_expired`
+alive). A connection still coming up (ICE and DTLS, from the answer) can send nothing
+yet, however alive its client: it gets `connect_timeout_s` instead, and its silence
+counts from the moment it is up. A lost transport orphans the session for `reconnect_grace_s`: `on_expired`
 is called when that grace runs out (with the orphaning's time, so the owner can tell
 an expiry of a grace that a reconnect already ended from the current one). A
 `stop_session` that names no session may mean this one: it opens a short window in
@@ -33,17 +35,21 @@ class OrphanTimer:
         idle_timeout_s: float,
         reconnect_grace_s: float,
         on_silent: Callable[[], Awaitable[None]],
+        connect_timeout_s: float | None = None,
         on_expired: Callable[[float], Awaitable[None]],
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
         self.idle_timeout_s = idle_timeout_s
+        # None: a connection coming up is held to `idle_timeout_s` as well.
+        self.connect_timeout_s = connect_timeout_s
         self.reconnect_grace_s = reconnect_grace_s
         self._on_silent = on_silent
         self._on_expired = on_expired
         self._clock = clock
         self._sleep = sleep
         self._last_inbound = clock()
+        self._coming_up = False
         self._orphaned_at: float | None = None
         self._stop_on_close_until: float | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -56,9 +62,28 @@ class OrphanTimer:
         """The client is alive now (a frame arrived, or a fresh connection)."""
         self._last_inbound = self._clock()
 
+    def coming_up(self) -> None:
+        """A connection was answered and is not up yet: it has `connect_timeout_s`."""
+        self._coming_up = True
+        self.heard()
+
+    def up(self) -> None:
+        """The connection is up: its silence counts from now, against `idle_timeout_s`."""
+        self._coming_up = False
+        self.heard()
+
+    @property
+    def waiting_for_connection(self) -> bool:
+        """Whether the current connection has not come up yet."""
+        return self._coming_up
+
     def silent(self) -> bool:
-        """Whether nothing came from the client for longer than `idle_timeout_s`."""
-        return self._clock() - self._last_inbound > self.idle_timeout_s
+        """Whether nothing came from the client for longer than `idle_timeout_s` (or,
+        for a connection still coming up, than `connect_timeout_s`)."""
+        limit = self.idle_timeout_s
+        if self._coming_up and self.connect_timeout_s is not None:
+            limit = self.connect_timeout_s
+        return self._clock() - self._last_inbound > limit
 
     def start_watchdog(self) -> None:
         """Check for silence a few times per `idle_timeout_s` until `stop()`."""

@@ -42,7 +42,7 @@ from reactor_serve.runtime.session import EndReason, Session, SessionHost
 from reactor_serve.runtime.stepping import StepFailure
 from reactor_serve.sessions import farewell
 from reactor_serve.sessions.candidates import TrickledCandidates, parse_candidates
-from reactor_serve.sessions.contract import SessionState
+from reactor_serve.sessions.contract import SessionState, mask_session_id
 from reactor_serve.sessions.inbound_channel import InboundHandler
 from reactor_serve.sessions.media_tracks import OutputFanout, receive_input
 from reactor_serve.sessions.offer_answering import Answer, OfferAnswerer, check_offer
@@ -89,6 +89,8 @@ class PeerSession:
         self.host = host
         self.settings = settings
         self.id = session_id or secrets.token_urlsafe(16)
+        # What the logs name it by: an operator's log must not hand out the id.
+        self._log_name = mask_session_id(self.id)
         self.on_end = on_end
         self.on_state = on_state
         self.ended = asyncio.Event()
@@ -118,6 +120,7 @@ class PeerSession:
         self._stats_task: asyncio.Task[None] | None = None
         self._timer = OrphanTimer(
             idle_timeout_s=settings.idle_timeout_s,
+            connect_timeout_s=settings.connect_timeout_s,
             reconnect_grace_s=settings.reconnect_grace_s,
             on_silent=self._on_silent,
             on_expired=self._on_grace_expired,
@@ -130,7 +133,7 @@ class PeerSession:
         self._candidates = TrickledCandidates(self.MAX_PENDING_CANDIDATES, self.KEEP_CONNECTIONS)
         self._answerer = OfferAnswerer(
             settings, close_timeout_s=self.PC_CLOSE_TIMEOUT_S, receives_inputs=True,
-            what="the offer", label=f"session {self.id}",
+            what="the offer", label=f"session {self._log_name}",
         )
         self.ignored_frames = 0
         self._inbound: InboundHandler | None = None
@@ -307,6 +310,8 @@ class PeerSession:
             )
         self.connections += 1
         self._timer.resume()
+        if pc.connectionState != "connected":
+            self._timer.coming_up()
         if self._fanout.paused and not self.stepped:
             # Resuming an orphaned session: fresh frames, not what queued meanwhile.
             # (A stepped session's frames answer its steps: nothing streams.)
@@ -431,7 +436,11 @@ class PeerSession:
 
         @pc.on("connectionstatechange")
         def on_state() -> None:
-            if pc is self._pc and pc.connectionState in ("failed", "closed"):
+            if pc is not self._pc:
+                return
+            if pc.connectionState == "connected":
+                self._timer.up()
+            elif pc.connectionState in ("failed", "closed"):
                 self._spawn(self._lose_transport(pc, pc.connectionState))
 
     async def _discard(
@@ -455,13 +464,20 @@ class PeerSession:
     # ---- losing the transport: orphaned -----------------------------------------
 
     async def _on_silent(self) -> None:
-        if self._state == SessionState.STREAMING:
-            log.info("session %s: no inbound frame for %.0f s",
-                     self.id, self.settings.idle_timeout_s)
-            await self._lose_transport(self._pc, "idle")
+        if self._state != SessionState.STREAMING:
+            return
+        if self._timer.waiting_for_connection:
+            log.info("session %s: the connection did not come up within %.0f s",
+                     self._log_name, self.settings.connect_timeout_s)
+            await self._lose_transport(self._pc, "unconnected")
+            return
+        log.info("session %s: no inbound frame for %.0f s",
+                 self._log_name, self.settings.idle_timeout_s)
+        await self._lose_transport(self._pc, "idle")
 
     async def _lose_transport(self, pc: RTCPeerConnection | None, why: str) -> None:
-        """The client's transport is gone (`why`: closed, failed or idle)."""
+        """The client's transport is gone (`why`: closed, failed, idle, or unconnected:
+        it never came up)."""
         if pc is not self._pc or self._state != SessionState.STREAMING:
             return
         if self._closing is not None or self._finishing:
@@ -480,6 +496,11 @@ class PeerSession:
                     EndReason.TIMEOUT,
                     f"no message from the client for {self.settings.idle_timeout_s:g} s",
                 )
+            elif why == "unconnected":
+                await self.close(
+                    EndReason.TIMEOUT,
+                    f"the connection did not come up within {self.settings.connect_timeout_s:g} s",
+                )
             else:
                 await self.close(EndReason.TIMEOUT, "the connection to the client failed")
             return
@@ -492,7 +513,7 @@ class PeerSession:
         if self._fanout is not None:
             self._fanout.pause()
         log.info("session %s: transport %s; orphaned for up to %g s",
-                 self.id, why, self.settings.reconnect_grace_s)
+                 self._log_name, why, self.settings.reconnect_grace_s)
         self._timer.orphan()
         self._set_state(SessionState.ORPHANED)
         self._spawn(self._discard(pc, tracks, tasks))
@@ -539,7 +560,7 @@ class PeerSession:
         try:
             self.inbound.on_message(label, raw)
         except Exception:  # only if making the handler failed: on_message itself is total
-            log.exception("session %s: could not handle a %s frame", self.id, label)
+            log.exception("session %s: could not handle a %s frame", self._log_name, label)
 
     @property
     def inbound(self) -> InboundHandler:
@@ -683,7 +704,7 @@ class PeerSession:
             try:
                 frames = wire_v1.from_envelope(envelope)
             except channel_codec.ProtocolError:
-                log.exception("session %s: a message cannot travel on wire v1", self.id)
+                log.exception("session %s: a message cannot travel on wire v1", self._log_name)
                 return
             for label, frame in frames:
                 self._outbox.send(frame, label)
@@ -697,7 +718,7 @@ class PeerSession:
         try:
             text = channel_codec.application(payload)
         except channel_codec.ProtocolError:
-            log.exception("session %s: a %s message is not JSON", self.id, payload.get("type"))
+            log.exception("session %s: a %s message is not JSON", self._log_name, payload.get("type"))
             return
         self._emit({"scope": "application", "data": payload}, text)
 
@@ -705,7 +726,7 @@ class PeerSession:
         try:
             text = channel_codec.runtime(type_, data)
         except channel_codec.ProtocolError:
-            log.exception("session %s: a %s message is not JSON", self.id, type_)
+            log.exception("session %s: a %s message is not JSON", self._log_name, type_)
             return
         self._emit({"scope": "runtime", "data": {"type": type_, "data": data}}, text)
 
@@ -774,9 +795,9 @@ class PeerSession:
             done, _ = await asyncio.wait({ending}, timeout=self.CLOSE_TIMEOUT_S)
             if not done:
                 log.warning("session %s: the model thread did not end the session within "
-                            "%.0f s; ending it here", self.id, self.CLOSE_TIMEOUT_S)
+                            "%.0f s; ending it here", self._log_name, self.CLOSE_TIMEOUT_S)
             elif ending.cancelled() or ending.exception() is not None:
-                log.warning("session %s: ending the model session failed", self.id)
+                log.warning("session %s: ending the model session failed", self._log_name)
         await self._finish(reason, message)
 
     async def _finish(self, reason: str, detail: str | None) -> None:
@@ -844,7 +865,7 @@ class PeerSession:
                 if self.viewers is not None:
                     self.viewers.broadcast(text)
             except channel_codec.ProtocolError:
-                log.exception("session %s: stats are not JSON", self.id)
+                log.exception("session %s: stats are not JSON", self._log_name)
 
     def stats(self) -> dict[str, Any]:
         """The model session's stats, with this session's output, viewers and recordings."""

@@ -35,7 +35,7 @@ def fake():
     return FakeTime()
 
 
-def timer_of(fake, silent=None, expired=None, idle=8.0, grace=30.0):
+def timer_of(fake, silent=None, expired=None, idle=8.0, grace=30.0, connect=None):
     async def on_silent():
         silent.append(fake.now)
 
@@ -43,7 +43,7 @@ def timer_of(fake, silent=None, expired=None, idle=8.0, grace=30.0):
         expired.append(at)
 
     return OrphanTimer(
-        idle_timeout_s=idle, reconnect_grace_s=grace,
+        idle_timeout_s=idle, reconnect_grace_s=grace, connect_timeout_s=connect,
         on_silent=on_silent if silent is not None else _never,
         on_expired=on_expired if expired is not None else _never,
         clock=fake.clock, sleep=fake.sleep,
@@ -109,3 +109,33 @@ async def test_after_stop_nothing_starts_again(fake):
     timer.orphan()
     await fake.advance(100.0)
     assert fake.waiters == []
+
+
+async def test_a_connection_coming_up_has_the_connect_timeout_and_silence_counts_from_up(fake):
+    silent = []
+    timer = timer_of(fake, silent=silent, idle=8.0, connect=30.0)
+    timer.start_watchdog()
+    timer.coming_up()
+    assert timer.waiting_for_connection
+    for _ in range(30):
+        await fake.advance(1.0)
+    assert silent == []  # 30 s coming up: past the idle timeout, not the connect one
+    timer.up()
+    assert not timer.waiting_for_connection
+    for _ in range(8):
+        await fake.advance(1.0)
+    assert silent == []  # 8 s since it came up
+    await fake.advance(1.0)
+    assert silent == [139.0]
+    timer.stop()
+
+
+async def test_a_connection_that_does_not_come_up_is_silent_after_the_connect_timeout(fake):
+    silent = []
+    timer = timer_of(fake, silent=silent, idle=8.0, connect=30.0)
+    timer.start_watchdog()
+    timer.coming_up()
+    for _ in range(31):
+        await fake.advance(1.0)
+    assert silent == [131.0] and timer.waiting_for_connection
+    timer.stop()

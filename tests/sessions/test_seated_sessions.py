@@ -7,6 +7,8 @@ state or an event, with a deadline (`WAIT_S`) generous enough for a loaded machi
 """
 
 import asyncio
+import logging
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -161,7 +163,8 @@ def test_reconnect_grace_setting_defaults_and_validates():
 # --------------------------------------------------------------------------- PeerSession
 
 
-async def test_lost_transport_orphans_and_a_new_offer_resumes_with_state(host_of, peers, clients):
+async def test_lost_transport_orphans_and_a_new_offer_resumes_with_state(host_of, peers, clients, caplog):
+    caplog.set_level(logging.INFO, logger="reactor_serve.sessions")
     host = host_of(Level)
     states = []
     # The grace only has to outlast the test's own steps, however slow the machine.
@@ -177,6 +180,13 @@ async def test_lost_transport_orphans_and_a_new_offer_resumes_with_state(host_of
 
     await first.close()  # no stop_session: a network blip until proven otherwise
     await wait_until(lambda: peer.state == SessionState.ORPHANED, what="orphaned")
+    # The operator's log says so, naming the session only as far as telling it apart.
+    orphaned = [r.getMessage() for r in caplog.records if "orphaned for up to" in r.getMessage()]
+    # How the server learnt of the close (the DTLS alert, or the path failing) is aiortc's.
+    assert len(orphaned) == 1 and re.fullmatch(
+        rf"session {re.escape(peer.id[:4])}…: transport (closed|failed); orphaned for up to {WAIT_S:g} s",
+        orphaned[0]), orphaned
+    assert peer.id not in caplog.text
     assert not peer.ended.is_set() and host.session is peer.session
     assert host.model.disconnects == 0  # the model is not told
     assert 0 < peer.grace_remaining() <= WAIT_S
@@ -263,6 +273,55 @@ async def test_silent_client_is_orphaned_by_the_watchdog(host_of, peers, clients
 
 async def _no_ping(self):
     return None
+
+
+async def test_a_connection_slower_to_come_up_than_the_idle_timeout_streams(host_of, peers, clients):
+    host = host_of(Level)
+    states = []
+    # Silence counts from the moment the connection is up: a connection may take far
+    # longer than idle_timeout_s to come up (a busy client or server) and still stream.
+    peer = peers(host, settings(idle_timeout_s=0.5, reconnect_grace_s=WAIT_S),
+                 on_state=lambda p, s: states.append(s))
+    client = clients(host)
+
+    async def slow_answer(sdp_offer, track_mapping):
+        answer = await peer.answer(sdp_offer, track_mapping)
+        # Past the idle timeout before the client even applies the answer: only more
+        # of it passes on a loaded machine.
+        await asyncio.sleep(2.0)
+        return answer
+
+    await client.connect(slow_answer, timeout=WAIT_S)
+    await frames_after(client, 3)
+    assert peer.state == SessionState.STREAMING
+    assert states == ["waiting", "streaming"], states
+
+
+async def test_a_connection_that_never_comes_up_is_a_lost_transport_after_connect_timeout(
+    host_of, peers, clients,
+):
+    host = host_of(Level)
+    # The timeout is the behaviour under test; the idle one is far longer, so it is the
+    # connect window that ends the session.
+    peer = peers(host, settings(idle_timeout_s=WAIT_S, connect_timeout_s=1.0, reconnect_grace_s=0))
+    client = clients(host)
+    answered = asyncio.Event()
+
+    async def never_applied(sdp_offer, track_mapping):
+        # Answered, and the answer never reaches the client's connection.
+        await peer.answer(sdp_offer, track_mapping)
+        answered.set()
+        await asyncio.Event().wait()
+
+    connecting = asyncio.ensure_future(client.connect(never_applied, timeout=3 * WAIT_S))
+    try:
+        await within_deadline(peer.ended.wait(), "the session to end")
+    finally:
+        connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
+    assert answered.is_set()
+    assert peer.end_reason == "timeout"
+    assert peer.end_detail == "the connection did not come up within 1 s"
 
 
 async def test_close_sends_session_ended_with_reason_and_message(host_of, peers, clients):
