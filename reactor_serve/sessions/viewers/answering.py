@@ -48,7 +48,10 @@ class ViewerConnection:
     tracks: list[Any] = field(default_factory=list)
     channel: RTCDataChannel | None = None
     handler: inbound_channel.InboundHandler | None = None
+    # Its silence counts from when it last said something, or came up: a connection
+    # still coming up can say nothing (it has `connect_timeout_s` instead).
     last_inbound: float = field(default_factory=time.monotonic)
+    up: bool = False
     answer: asyncio.Task[str] | None = None
     closed: bool = False
 

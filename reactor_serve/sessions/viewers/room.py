@@ -204,7 +204,10 @@ class ViewerRoom:
 
         @pc.on("connectionstatechange")
         def on_state() -> None:
-            if pc.connectionState in ("failed", "closed") and not viewer.closed:
+            if pc.connectionState == "connected" and not viewer.up:
+                viewer.up = True
+                viewer.last_inbound = time.monotonic()
+            elif pc.connectionState in ("failed", "closed") and not viewer.closed:
                 self._spawn(self._close_viewer(viewer))
 
     def broadcast(self, text: str, ending: bool = False) -> None:
@@ -236,9 +239,13 @@ class ViewerRoom:
             now = time.monotonic()
             for viewer in list(self._viewers.values()):
                 answered = viewer.answer is not None and viewer.answer.done()
-                if answered and now - viewer.last_inbound > self.settings.idle_timeout_s:
-                    log.info("session %s: viewer %d silent for %.0f s; dropping it",
-                             self._label, viewer.id % 10_000, self.settings.idle_timeout_s)
+                if viewer.up:
+                    limit, why = self.settings.idle_timeout_s, "silent for"
+                else:
+                    limit, why = self.settings.connect_timeout_s, "not connected after"
+                if answered and now - viewer.last_inbound > limit:
+                    log.info("session %s: viewer %d %s %.0f s; dropping it",
+                             self._label, viewer.id % 10_000, why, limit)
                     await self._close_viewer(viewer)
 
     async def _close_viewer(

@@ -385,6 +385,42 @@ async def test_h264_viewers_share_one_h264_encode():
             await owner.close()
 
 
+async def test_a_viewer_slower_to_come_up_than_the_idle_timeout_is_kept():
+    from reactor_serve.client.peer import ClientPeer
+    from reactor_serve.client.signalling import (
+        checked_json, host_candidates_for, http_client, watch_signal, watch_url)
+
+    # Silence counts from the moment a viewer's connection is up. The owner's client
+    # pings every 5 s, so the idle timeout is well past that; the viewer applies its
+    # answer later than the idle timeout (load only makes that later).
+    idle_s = 15.0
+    async with app_server(idle_timeout_s=idle_s) as base:
+        owner = await connect(base)
+        http = http_client(None)
+        viewer = None
+        try:
+            await owner.next_frame(timeout=DEADLINE_S)
+            link = watch_url(base, (await owner.viewer_link())["viewer_token"])
+            descriptor = checked_json(await http.get(link), 200)
+            viewer = ClientPeer(descriptor["capabilities"],
+                                host_candidates=host_candidates_for(base, None))
+            answered = watch_signal(http, link, DEADLINE_S)
+
+            async def late(sdp_offer, track_mapping):
+                answer = await answered(sdp_offer, track_mapping)
+                await asyncio.sleep(idle_s + 2)
+                return answer
+
+            await viewer.connect(late, timeout=DEADLINE_S)
+            await viewer.next_frame(viewer.default_video(), timeout=DEADLINE_S)
+            await stats_with(owner, lambda s: s.get("viewers") == 1)
+        finally:
+            if viewer is not None:
+                await viewer.close()
+            await http.aclose()
+            await owner.close()
+
+
 async def test_a_model_without_viewers_refuses_links():
     async with app_server(max_viewers=0) as base:
         owner = await connect(base)
