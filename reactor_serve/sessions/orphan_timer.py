@@ -4,9 +4,10 @@ A client is alive while frames arrive on its data channel: the watchdog calls
 `on_silent` once none came for `idle_timeout_s` (its pings keep a quiet client
 alive). A connection still coming up (ICE and DTLS, from the answer) can send nothing
 yet, however alive its client: it gets `connect_timeout_s` instead, and its silence
-counts from the moment it is up. A lost transport orphans the session for `reconnect_grace_s`: `on_expired`
-is called when that grace runs out (with the orphaning's time, so the owner can tell
-an expiry of a grace that a reconnect already ended from the current one). A
+counts from the moment it is up. A lost transport orphans the session for
+`reconnect_grace_s`: `on_expired` is called when that grace runs out (with the
+orphaning's time, so the owner can tell an expiry of a grace that a reconnect already
+ended from the current one). A
 `stop_session` that names no session may mean this one: it opens a short window in
 which a transport loss ends the session instead of orphaning it.
 

@@ -41,17 +41,22 @@ async def test_a_message_taken_in_wakes_a_waiter():
     assert (await waiting)["data"] == {"reason": "client_closed"}
 
 
+async def _answer_then_leave(server, sdp_offer):
+    """`server`'s real answer to `sdp_offer`; `server` is closed before it is returned."""
+    await server.setRemoteDescription(RTCSessionDescription(sdp=sdp_offer, type="offer"))
+    await server.setLocalDescription(await server.createAnswer())
+    answer = server.localDescription.sdp
+    await server.close()
+    return answer
+
+
 async def test_a_session_that_ends_before_its_channel_opens_ends_the_connect_at_once():
     server = RTCPeerConnection()
     peer = ClientPeer({"tracks": []})
 
     async def signal(sdp_offer, track_mapping):
         # A real answer from a peer that then goes away: the channel never opens.
-        await server.setRemoteDescription(RTCSessionDescription(sdp=sdp_offer, type="offer"))
-        await server.setLocalDescription(await server.createAnswer())
-        answer = server.localDescription.sdp
-        await server.close()
-        return answer
+        return await _answer_then_leave(server, sdp_offer)
 
     asked = []
 
@@ -79,11 +84,8 @@ async def _refused_answer(server, sdp_offer):
     """A real answer with no candidate in it, from a peer that then goes away: the
     client's ICE has no pair to check, so it fails at once, and nothing else can
     reach the client either."""
-    await server.setRemoteDescription(RTCSessionDescription(sdp=sdp_offer, type="offer"))
-    await server.setLocalDescription(await server.createAnswer())
-    lines = [line for line in server.localDescription.sdp.splitlines()
+    lines = [line for line in (await _answer_then_leave(server, sdp_offer)).splitlines()
              if not line.startswith("a=candidate:")]
-    await server.close()
     return "\r\n".join(lines) + "\r\n"
 
 
@@ -114,11 +116,7 @@ async def test_a_channel_still_shut_at_the_timeout_names_how_far_the_connection_
 
     async def signal(sdp_offer, track_mapping):
         # Answered, and then nothing: the server never checks or answers a check.
-        await server.setRemoteDescription(RTCSessionDescription(sdp=sdp_offer, type="offer"))
-        await server.setLocalDescription(await server.createAnswer())
-        answer = server.localDescription.sdp
-        await server.close()
-        return answer
+        return await _answer_then_leave(server, sdp_offer)
 
     # The timeout is the behaviour under test: far shorter than ICE takes to give up.
     try:
