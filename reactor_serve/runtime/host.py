@@ -475,8 +475,11 @@ class ModelHost:
     def push_input(self, session: Session, track: str, frame: Any) -> None:
         """A client frame for `track` (any thread). The buffer accepts only the session
         attached to it now (see InputBuffer.attach)."""
-        buffer = self.input_buffers[track]
-        buffer.push(frame, owner=session)
+        self.push_inputs(session, track, [frame])
+
+    def push_inputs(self, session: Session, track: str, frames: list[Any]) -> None:
+        """Client frames for `track`, oldest first, landing together (`InputBuffer.push_all`)."""
+        self.input_buffers[track].push_all(frames, owner=session)
         self._driver.input_arrived()
 
     # ---- commands ---------------------------------------------------------------

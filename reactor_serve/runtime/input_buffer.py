@@ -55,23 +55,33 @@ class InputBuffer:
         """Add a frame from the client (any thread). Dropped while the buffer is closed,
         and when `owner` (the pushing session) is not the session attached now: a frame
         still in flight from an ended session must never reach the next one."""
-        if self.kind == "video":
-            array = video_batch(frame, self.name)
-            if array.shape[0] != 1:
-                raise ValueError(f"input track {self.name!r}: push one frame at a time")
-            array = array[0]
-        else:
-            array = audio_chunk(frame, self.name)
+        self.push_all([frame], owner)
+
+    def push_all(self, frames: list[Any], owner: object | None = None) -> None:
+        """Add `frames`, oldest first, as one arrival: a read waiting for frames wakes
+        once they are all in, so it takes the latest of them whatever the threads do
+        meanwhile (the ranks of a model run on every rank must read the same frame).
+        Every frame is checked before any lands: a bad one refuses the whole batch."""
+        arrays = [self._array(frame) for frame in frames]
         with self._lock:
             if self._closed or (owner is not None and owner is not self._owner):
-                self.discarded += 1
+                self.discarded += len(arrays)
                 return
-            if len(self._frames) == self._frames.maxlen:
-                self.discarded += 1
-            self._frames.append(array)
-            self.received += 1
-            if len(self._frames) >= self._wanted and self._waiters:
+            for array in arrays:
+                if len(self._frames) == self._frames.maxlen:
+                    self.discarded += 1
+                self._frames.append(array)
+                self.received += 1
+            if arrays and len(self._frames) >= self._wanted and self._waiters:
                 self._waiters.wake_all()
+
+    def _array(self, frame: Any) -> np.ndarray:
+        if self.kind != "video":
+            return audio_chunk(frame, self.name)
+        array = video_batch(frame, self.name)
+        if array.shape[0] != 1:
+            raise ValueError(f"input track {self.name!r}: push one frame at a time")
+        return array[0]
 
     def try_read(self, n: int = 1) -> list[np.ndarray] | None:
         """The latest `n` frames, oldest first, discarding older backlog; or None (and

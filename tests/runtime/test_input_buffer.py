@@ -361,3 +361,41 @@ def test_drain_hands_over_every_frame_held_without_counting_them_discarded():
         buf.push(np.full((4, 6, 3), value, np.uint8))
     assert _values(buf.drain()) == [1, 2, 3]
     assert buf.drain() == [] and buf.discarded == 0
+
+
+# ---- batches ---------------------------------------------------------------------------
+
+
+async def test_a_waiting_read_wakes_on_a_whole_batch_and_takes_its_latest_frame():
+    buf = InputBuffer("cam")
+    reader = asyncio.ensure_future(buf.read(1))
+    await asyncio.sleep(0.01)  # any turn of the loop runs the read to its wait
+    assert buf.starving
+    th = threading.Thread(target=buf.push_all, args=([_frame(v) for v in (1, 2, 3, 4)],))
+    th.start()
+    assert _values(await asyncio.wait_for(reader, WAIT)) == [4]
+    th.join(WAIT)
+    assert buf.received == 4 and buf.discarded == 3
+
+
+async def test_a_batch_with_a_bad_frame_lands_none_of_its_frames():
+    # Every frame is checked before any lands: a read waiting meanwhile never sees the
+    # first frames of a batch that later turns out to be refused.
+    buf = InputBuffer("cam")
+    reader = asyncio.ensure_future(buf.read(1))
+    await asyncio.sleep(0.01)
+    with pytest.raises(ValueError, match="'cam'"):
+        buf.push_all([_frame(1), _frame(2), np.zeros((4, 6), np.uint8)])
+    assert len(buf) == 0 and buf.received == 0 and buf.starving
+    buf.push_all([_frame(5)])
+    assert _values(await asyncio.wait_for(reader, WAIT)) == [5]
+
+
+def test_a_batch_from_a_session_no_longer_attached_is_dropped_whole():
+    buf = InputBuffer("cam")
+    session, other = object(), object()
+    buf.attach(session)
+    buf.push_all([_frame(1), _frame(2)], owner=other)
+    assert len(buf) == 0 and buf.discarded == 2
+    buf.push_all([_frame(3), _frame(4)], owner=session)
+    assert _values(buf.try_read(2)) == [3, 4]

@@ -161,9 +161,10 @@ class ModelRank:
     # ---- helpers --------------------------------------------------------------------
 
     def _push(self, session: Session, frames: dict[str, list[Any]]) -> None:
+        # Each track's frames land at once: a read already waiting must not wake on the
+        # first of them on one rank and on the last on another.
         for track, arrived in frames.items():
-            for frame in arrived:
-                self._host.push_input(session, track, frame)
+            self._host.push_inputs(session, track, arrived)
 
     def _await_step(self) -> RankStep:
         future = self._step
