@@ -116,6 +116,10 @@ class SessionHost(Protocol):
     def push_input(self, session: Session, track: str, frame: Any) -> None:
         """A client frame for input track `track` (raises KeyError for an unknown one)."""
 
+    def push_inputs(self, session: Session, track: str, frames: list[Any]) -> None:
+        """Client frames for `track`, oldest first, landing together: a read waiting
+        meanwhile wakes once they are all in."""
+
     def submit_command(
         self, session: Session, name: str, data: Any, ticket: CommandTicket | None = None
     ) -> None:
@@ -196,6 +200,11 @@ class Session:
 
     def push_input(self, track: str, frame: Any) -> None:
         """Deliver a client frame to the model's input track `track`."""
+        self.push_inputs(track, [frame])
+
+    def push_inputs(self, track: str, frames: list[Any]) -> None:
+        """Deliver client frames to `track`, oldest first, landing together (a step's
+        frames: a read waiting meanwhile takes the latest of them, not the first)."""
         known = [t.name for t in self.host.spec.inputs]
         if track not in known:
             raise KeyError(
@@ -203,7 +212,7 @@ class Session:
             )
         # Frames from a session that is ending, or has ended, are dropped.
         if not self.stopping and not self.ended.is_set():
-            self.host.push_input(self, track, frame)
+            self.host.push_inputs(self, track, frames)
 
     def command(
         self, name: str, data: Any = None, command_id: str | int | None = None, *, reply: bool = False

@@ -126,8 +126,10 @@ class SessionSteps:
                 frames = self._input_frames(request.media_input)
             except (BadCommand, ProtocolError) as exc:
                 raise _Refused(str(exc)) from None
-            for track, frame in frames:
-                session.push_input(track, frame)
+            # Each track's frames land together: a read the model already awaits takes
+            # the step's latest frame, not whichever arrived first.
+            for track, arrived in frames.items():
+                session.push_inputs(track, arrived)
             # Frames no step asked for are not this one's (there are none: nothing streams).
             for _ in self._buffer.drain():
                 pass
@@ -161,8 +163,9 @@ class SessionSteps:
 
     # ---- input -------------------------------------------------------------------------
 
-    def _input_frames(self, media: Any) -> list[tuple[str, np.ndarray]]:
-        frames: list[tuple[str, np.ndarray]] = []
+    def _input_frames(self, media: Any) -> dict[str, list[np.ndarray]]:
+        """Each input track's frames in the step, oldest first."""
+        frames: dict[str, list[np.ndarray]] = {}
         for group in media:
             track = self._inputs.get(group.track)
             if track is None:
@@ -182,7 +185,8 @@ class SessionSteps:
                     raise _Refused(f"{where}: encoding {frame.encoding} is not one this server "
                                    f"reads for a {track.kind} track (RAW, or H264 for video)", where)
                 metadata, captured = _tags(frame, track.kind, where)
-                frames += [(track.name, InputFrame.tag(p, metadata, captured)) for p in pictures]
+                frames.setdefault(track.name, []).extend(
+                    InputFrame.tag(p, metadata, captured) for p in pictures)
         return frames
 
     # ---- output ------------------------------------------------------------------------

@@ -3,6 +3,7 @@ its state and commands and then runs one unit (a yield, an emit, an emit_block).
 
 import asyncio
 
+import numpy as np
 import pytest
 from paths import TEST_MODELS
 
@@ -85,6 +86,22 @@ async def test_a_run_loop_makes_one_emit_per_step_after_its_commands(hosted):
     assert levels(host) == [31] * 10
     unknown = await host.step(session, {}, [("fly", {})])
     assert unknown.failure == StepFailure.REFUSED and "unknown command 'fly'" in unknown.message
+    await host.end_session(session, "client_closed")
+
+
+@pytest.mark.parametrize("in_process", [True, False], ids=["thread", "process"])
+async def test_a_step_brings_its_frames_at_once_so_a_waiting_read_takes_the_latest(
+    hosted, in_process
+):
+    # The model already waits in `read(1)` when a step's frames come: it must wake on
+    # all of them, not on the first while the rest are still on their way.
+    host = hosted("v2v", in_process)
+    session = await host.open_session(Sink(), stepped=True)
+    await asyncio.sleep(0.2)  # any wait lets the model reach its read
+    for batch in ([10, 20, 30, 40], [50, 60]):
+        session.push_inputs("camera", [np.full((8, 8, 3), v, np.uint8) for v in batch])
+        assert (await host.step(session, {}, [])).failure is None
+        assert levels(host) == [batch[-1]]
     await host.end_session(session, "client_closed")
 
 

@@ -38,12 +38,14 @@ class Session:
     stopping = False
 
     def __init__(self, host):
-        self.host, self.inputs = host, []
+        self.host, self.inputs, self.batches = host, [], []
 
-    def push_input(self, track, frame):
-        self.inputs.append((track, frame.shape))
-        self.tags = getattr(self, "tags", []) + [
-            (getattr(frame, "metadata", None), getattr(frame, "capture_time_us", None))]
+    def push_inputs(self, track, frames):
+        self.batches.append((track, len(frames)))
+        for frame in frames:
+            self.inputs.append((track, frame.shape))
+            self.tags = getattr(self, "tags", []) + [
+                (getattr(frame, "metadata", None), getattr(frame, "capture_time_us", None))]
 
 
 def make(frames=3, limit=1 << 20, buffer_size=2):
@@ -100,6 +102,8 @@ async def test_a_step_answers_with_every_frame_of_its_unit_even_past_the_buffer(
     assert (frame.dtype, list(frame.shape)) == ("uint8", [4, 6, 3])
     assert np.frombuffer(frame.data, np.uint8).max() == 42
     assert host.calls == [({}, [("paint", {"level": 42.0})], [("camera", (4, 6, 3))] * 2)]
+    # Both frames landed in one push: a read the model already awaits takes the latest.
+    assert host.session.batches == [("camera", 2)]
 
 
 async def test_what_the_client_attached_to_a_frame_reaches_the_model_with_it():

@@ -439,29 +439,41 @@ class ModelProcess:
             self._supervisor.kill(child)  # the next session waits for the new process
 
     def push_input(self, session: Session, track: str, frame: Any) -> None:
-        """A client frame, written once into the model's input ring (dropped, and
-        counted, when the model holds every slot: input keeps only the latest)."""
+        self.push_inputs(session, track, [frame])
+
+    def push_inputs(self, session: Session, track: str, frames: list[Any]) -> None:
+        """Client frames, oldest first, each written once into the model's input ring
+        (dropped, and counted, when the model holds every slot: input keeps only the
+        latest), crossing in one message so that they land together (a step's frames:
+        `InputBuffer.push_all`). Every frame is checked before any is written."""
         child = self._child
         if child is None or child.dead:
             return
         kind = next(t.kind for t in self.spec.inputs if t.name == track)
-        if kind == "video":
+        if kind != "video":
+            chunks = [np.ascontiguousarray(audio_chunk(frame, track)) for frame in frames]
+            child.channel.send("inputs", session.id, track, [(chunk, None) for chunk in chunks])
+            return
+        arrays = []
+        for frame in frames:
             batch = video_batch(frame, track)
             if batch.shape[0] != 1:
                 raise ValueError(f"input track {track!r}: push one frame at a time")
-            written = child.inputs.write(batch[0])
+            arrays.append(batch[0])
+        items = []
+        for frame, array in zip(frames, arrays):
+            written = child.inputs.write(array)
             if written is None:
                 self.inputs_dropped += 1
-                return
+                continue
             ref, announcement = written
             if announcement is not None:
                 child.channel.send_ring(announcement)
             # The ring holds pixels only: what the client attached goes beside them.
             tags = (getattr(frame, "metadata", None), getattr(frame, "capture_time_us", None))
-            child.channel.send("input", session.id, track, ref, tags if any(t is not None for t in tags) else None)
-        else:
-            chunk = np.ascontiguousarray(audio_chunk(frame, track))
-            child.channel.send("input", session.id, track, chunk, None)
+            items.append((ref, tags if any(t is not None for t in tags) else None))
+        if items:
+            child.channel.send("inputs", session.id, track, items)
 
     def submit_command(
         self, session: Session, name: str, data: Any, ticket: CommandTicket | None = None
@@ -677,6 +689,9 @@ class _Seat:
 
     def push_input(self, session: Session, track: str, frame: Any) -> None:
         self._process.push_input(session, track, frame)
+
+    def push_inputs(self, session: Session, track: str, frames: list[Any]) -> None:
+        self._process.push_inputs(session, track, frames)
 
     def submit_command(
         self, session: Session, name: str, data: Any, ticket: CommandTicket | None = None

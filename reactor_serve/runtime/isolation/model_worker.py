@@ -195,22 +195,27 @@ class _Worker:
         if op == "placed":
             seat, emit_id = args
             self.outputs[seat].placed(emit_id)
-        elif op == "input":
-            session_id, track, frame, tags = args
+        elif op == "inputs":
+            session_id, track, items = args
             session = self.sessions.get(session_id)
-            if session is None or session.stopping:
-                if isinstance(frame, SlotRef):
-                    # Never viewed, so no view's death would give its slot back.
-                    self.inputs.discard(frame)
-                return
+            viewed = []
             try:
-                if isinstance(frame, SlotRef):  # video; audio chunks come in the message
-                    frame = self.inputs.view(frame)
-                    if tags is not None:
-                        frame = InputFrame.tag(frame, *tags)
-                session.host.push_input(session, track, frame)
+                if session is None or session.stopping:
+                    return
+                for frame, tags in items:
+                    if isinstance(frame, SlotRef):  # video; audio chunks come in the message
+                        frame = self.inputs.view(frame)
+                        if tags is not None:
+                            frame = InputFrame.tag(frame, *tags)
+                    viewed.append(frame)
+                session.host.push_inputs(session, track, viewed)
             except (KeyError, ValueError) as exc:
-                log.warning("input frame for %r refused: %s", track, exc)
+                log.warning("input frames for %r refused: %s", track, exc)
+            finally:
+                # Never viewed, so no view's death would give their slots back.
+                for frame, _ in items[len(viewed):]:
+                    if isinstance(frame, SlotRef):
+                        self.inputs.discard(frame)
         elif op == "command":
             session_id, name, data, ticket = args
             session = self.sessions.get(session_id)
