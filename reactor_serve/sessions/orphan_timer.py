@@ -1,10 +1,8 @@
 """When a session's client counts as gone, and for how long it may come back.
 
 A client is alive while frames arrive on its data channel: the watchdog calls
-`on_silent` once none came for `idle_timeout_s` (its pings keep a quiet client
-alive). A connection still coming up (ICE and DTLS, from the answer) can send nothing
-yet, however alive its client: it gets `connect_timeout_s` instead, and its silence
-counts from the moment it is up. A lost transport orphans the session for
+`on_silent` once it has been silent too long (`InboundSilence`: `idle_timeout_s`, or
+`connect_timeout_s` for a connection still coming up). A lost transport orphans the session for
 `reconnect_grace_s`: `on_expired` is called when that grace runs out (with the
 orphaning's time, so the owner can tell an expiry of a grace that a reconnect already
 ended from the current one). A
@@ -21,6 +19,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from reactor_serve.sessions.inbound_silence import InboundSilence
 
 __all__ = ["OrphanTimer"]
 
@@ -41,16 +41,15 @@ class OrphanTimer:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
-        self.idle_timeout_s = idle_timeout_s
-        # None: a connection coming up is held to `idle_timeout_s` as well.
-        self.connect_timeout_s = connect_timeout_s
+        # The client's silence: `heard()` on each frame, `coming_up()` and `up()` as
+        # a connection is answered and connects.
+        self.silence = InboundSilence(idle_timeout_s=idle_timeout_s,
+                                      connect_timeout_s=connect_timeout_s, clock=clock)
         self.reconnect_grace_s = reconnect_grace_s
         self._on_silent = on_silent
         self._on_expired = on_expired
         self._clock = clock
         self._sleep = sleep
-        self._last_inbound = clock()
-        self._coming_up = False
         self._orphaned_at: float | None = None
         self._stop_on_close_until: float | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -59,33 +58,6 @@ class OrphanTimer:
 
     # ---- inbound liveness -----------------------------------------------------------
 
-    def heard(self) -> None:
-        """The client is alive now (a frame arrived, or a fresh connection)."""
-        self._last_inbound = self._clock()
-
-    def coming_up(self) -> None:
-        """A connection was answered and is not up yet: it has `connect_timeout_s`."""
-        self._coming_up = True
-        self.heard()
-
-    def up(self) -> None:
-        """The connection is up: its silence counts from now, against `idle_timeout_s`."""
-        self._coming_up = False
-        self.heard()
-
-    @property
-    def waiting_for_connection(self) -> bool:
-        """Whether the current connection has not come up yet."""
-        return self._coming_up
-
-    def silent(self) -> bool:
-        """Whether nothing came from the client for longer than `idle_timeout_s` (or,
-        for a connection still coming up, than `connect_timeout_s`)."""
-        limit = self.idle_timeout_s
-        if self._coming_up and self.connect_timeout_s is not None:
-            limit = self.connect_timeout_s
-        return self._clock() - self._last_inbound > limit
-
     def start_watchdog(self) -> None:
         """Check for silence a few times per `idle_timeout_s` until `stop()`."""
         if self._watchdog is None and not self._stopped:
@@ -93,8 +65,8 @@ class OrphanTimer:
 
     async def _watch(self) -> None:
         while not self._stopped:
-            await self._sleep(min(1.0, self.idle_timeout_s / 4))
-            if not self._stopped and self.silent():
+            await self._sleep(min(1.0, self.silence.idle_timeout_s / 4))
+            if not self._stopped and self.silence.silent():
                 await self._on_silent()
 
     # ---- orphaned -------------------------------------------------------------------
@@ -116,7 +88,7 @@ class OrphanTimer:
         """A client (re)connected: no grace runs, and it is alive now."""
         self._cancel_grace()
         self._orphaned_at = None
-        self.heard()
+        self.silence.heard()
 
     def grace_remaining(self) -> float | None:
         """Seconds left for a reconnect while orphaned; None otherwise."""

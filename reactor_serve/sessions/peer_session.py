@@ -311,7 +311,7 @@ class PeerSession:
         self.connections += 1
         self._timer.resume()
         if pc.connectionState != "connected":
-            self._timer.coming_up()
+            self._timer.silence.coming_up()
         if self._fanout.paused and not self.stepped:
             # Resuming an orphaned session: fresh frames, not what queued meanwhile.
             # (A stepped session's frames answer its steps: nothing streams.)
@@ -420,11 +420,11 @@ class PeerSession:
                     try:
                         message = reassembler.push(raw)
                     except dc_chunking.ChunkingError as exc:
-                        self._timer.heard()
+                        self._timer.silence.heard()
                         self.inbound.ignore(label, exc)
                         return
                     if message is None:
-                        self._timer.heard()
+                        self._timer.silence.heard()
                     else:
                         self._on_channel_message(label, message)
 
@@ -439,7 +439,7 @@ class PeerSession:
             if pc is not self._pc:
                 return
             if pc.connectionState == "connected":
-                self._timer.up()
+                self._timer.silence.up()
             elif pc.connectionState in ("failed", "closed"):
                 self._spawn(self._lose_transport(pc, pc.connectionState))
 
@@ -466,7 +466,7 @@ class PeerSession:
     async def _on_silent(self) -> None:
         if self._state != SessionState.STREAMING:
             return
-        if self._timer.waiting_for_connection:
+        if self._timer.silence.waiting_for_connection:
             log.info("session %s: the connection did not come up within %.0f s",
                      self._log_name, self.settings.connect_timeout_s)
             await self._lose_transport(self._pc, "unconnected")
@@ -553,7 +553,7 @@ class PeerSession:
 
     def _on_channel_message(self, label: str, raw: str | bytes) -> None:
         # Any inbound frame, even one we cannot read, shows the client is alive.
-        self._timer.heard()
+        self._timer.silence.heard()
         # Decoding, routing and the per-session command rate limit live in
         # inbound_channel.py, whose handler never raises: an exception out of an aiortc
         # "message" handler closes the whole transport.

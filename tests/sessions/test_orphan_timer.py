@@ -60,7 +60,7 @@ async def test_the_watchdog_fires_after_idle_timeout_without_inbound(fake):
     timer.start_watchdog()
     await fake.advance(0)
     await fake.advance(1.0)
-    timer.heard()
+    timer.silence.heard()
     for _ in range(8):
         await fake.advance(1.0)
     assert silent == []  # 8 s since the frame: not longer than idle_timeout_s yet
@@ -115,13 +115,13 @@ async def test_a_connection_coming_up_has_the_connect_timeout_and_silence_counts
     silent = []
     timer = timer_of(fake, silent=silent, idle=8.0, connect=30.0)
     timer.start_watchdog()
-    timer.coming_up()
-    assert timer.waiting_for_connection
+    timer.silence.coming_up()
+    assert timer.silence.waiting_for_connection
     for _ in range(30):
         await fake.advance(1.0)
     assert silent == []  # 30 s coming up: past the idle timeout, not the connect one
-    timer.up()
-    assert not timer.waiting_for_connection
+    timer.silence.up()
+    assert not timer.silence.waiting_for_connection
     for _ in range(8):
         await fake.advance(1.0)
     assert silent == []  # 8 s since it came up
@@ -134,8 +134,8 @@ async def test_a_connection_that_does_not_come_up_is_silent_after_the_connect_ti
     silent = []
     timer = timer_of(fake, silent=silent, idle=8.0, connect=30.0)
     timer.start_watchdog()
-    timer.coming_up()
+    timer.silence.coming_up()
     for _ in range(31):
         await fake.advance(1.0)
-    assert silent == [131.0] and timer.waiting_for_connection
+    assert silent == [131.0] and timer.silence.waiting_for_connection
     timer.stop()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime.loading.model_spec import ModelSpec
 from reactor_serve.sessions import inbound_channel
 from reactor_serve.sessions.contract import AnswerPending, SdpAnswer
+from reactor_serve.sessions.inbound_silence import InboundSilence
 from reactor_serve.sessions.media_tracks import OutputFanout
 from reactor_serve.sessions.offer_answering import (
     CheckedOffer,
@@ -45,13 +45,11 @@ class ViewerConnection:
 
     id: int
     pc: RTCPeerConnection
+    # Coming up from the start: it has `connect_timeout_s` until it connects.
+    silence: InboundSilence
     tracks: list[Any] = field(default_factory=list)
     channel: RTCDataChannel | None = None
     handler: inbound_channel.InboundHandler | None = None
-    # Its silence counts from when it last said something, or came up: a connection
-    # still coming up can say nothing (it has `connect_timeout_s` instead).
-    last_inbound: float = field(default_factory=time.monotonic)
-    up: bool = False
     answer: asyncio.Task[str] | None = None
     closed: bool = False
 
@@ -88,7 +86,10 @@ class ViewerAnswering:
     def connect(self, ice_key: str) -> ViewerConnection:
         """A new viewer connection, pollable from now on."""
         cid = secrets.randbelow(900_000_000) + 100_000_000
-        viewer = ViewerConnection(cid, self._answerer.connection(ice_key))
+        silence = InboundSilence(idle_timeout_s=self.settings.idle_timeout_s,
+                                 connect_timeout_s=self.settings.connect_timeout_s)
+        silence.coming_up()
+        viewer = ViewerConnection(cid, self._answerer.connection(ice_key), silence=silence)
         self._answers[cid] = viewer
         while len(self._answers) > self.KEEP_ANSWERS:
             self._answers.popitem(last=False)

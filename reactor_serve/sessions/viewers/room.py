@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from typing import Any
 
 from aiortc import RTCDataChannel
@@ -198,15 +197,14 @@ class ViewerRoom:
 
             @channel.on("message")
             def on_message(raw: str | bytes) -> None:
-                viewer.last_inbound = time.monotonic()
+                viewer.silence.heard()
                 if viewer.handler is not None:
                     viewer.handler.on_message("data", raw)
 
         @pc.on("connectionstatechange")
         def on_state() -> None:
-            if pc.connectionState == "connected" and not viewer.up:
-                viewer.up = True
-                viewer.last_inbound = time.monotonic()
+            if pc.connectionState == "connected" and viewer.silence.waiting_for_connection:
+                viewer.silence.up()
             elif pc.connectionState in ("failed", "closed") and not viewer.closed:
                 self._spawn(self._close_viewer(viewer))
 
@@ -236,16 +234,13 @@ class ViewerRoom:
     async def _watch_idle(self) -> None:
         while not self._closed:
             await asyncio.sleep(min(1.0, self.settings.idle_timeout_s / 4))
-            now = time.monotonic()
             for viewer in list(self._viewers.values()):
                 answered = viewer.answer is not None and viewer.answer.done()
-                if viewer.up:
-                    limit, why = self.settings.idle_timeout_s, "silent for"
-                else:
-                    limit, why = self.settings.connect_timeout_s, "not connected after"
-                if answered and now - viewer.last_inbound > limit:
+                if answered and viewer.silence.silent():
+                    why = ("not connected after" if viewer.silence.waiting_for_connection
+                           else "silent for")
                     log.info("session %s: viewer %d %s %.0f s; dropping it",
-                             self._label, viewer.id % 10_000, why, limit)
+                             self._label, viewer.id % 10_000, why, viewer.silence.limit_s)
                     await self._close_viewer(viewer)
 
     async def _close_viewer(

@@ -1,0 +1,64 @@
+"""How long a client's connection has said nothing, and whether that is too long.
+
+A connection is alive while frames arrive from it (its pings keep a quiet client
+alive): silence past `idle_timeout_s` means it is gone. A connection still coming up
+(ICE and DTLS, after the answer) can send nothing yet, however alive its client: it
+gets `connect_timeout_s` instead, and its silence counts from the moment it is up.
+One rule for a session's client (`OrphanTimer`) and for a viewer's (`ViewerRoom`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+__all__ = ["InboundSilence"]
+
+
+class InboundSilence:
+    """The inbound silence of one connection. `clock` is injectable for tests."""
+
+    def __init__(
+        self,
+        *,
+        idle_timeout_s: float,
+        connect_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.idle_timeout_s = idle_timeout_s
+        # None: a connection coming up is held to `idle_timeout_s` as well.
+        self.connect_timeout_s = connect_timeout_s
+        self._clock = clock
+        self._last_inbound = clock()
+        self._coming_up = False
+
+    def heard(self) -> None:
+        """The client is alive now (a frame arrived, or a fresh connection)."""
+        self._last_inbound = self._clock()
+
+    def coming_up(self) -> None:
+        """A connection was answered and is not up yet: it has `connect_timeout_s`."""
+        self._coming_up = True
+        self.heard()
+
+    def up(self) -> None:
+        """The connection is up: its silence counts from now, against `idle_timeout_s`."""
+        self._coming_up = False
+        self.heard()
+
+    @property
+    def waiting_for_connection(self) -> bool:
+        """Whether the connection has not come up yet."""
+        return self._coming_up
+
+    @property
+    def limit_s(self) -> float:
+        """The silence allowed now: `connect_timeout_s` while coming up, else
+        `idle_timeout_s`."""
+        if self._coming_up and self.connect_timeout_s is not None:
+            return self.connect_timeout_s
+        return self.idle_timeout_s
+
+    def silent(self) -> bool:
+        """Whether nothing came from the client for longer than `limit_s`."""
+        return self._clock() - self._last_inbound > self.limit_s
