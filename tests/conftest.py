@@ -114,6 +114,15 @@ class RayServe:
                 f"application {name!r} not deleted in {self.DELETE_S} s")
             time.sleep(0.5)  # the poll interval of this bounded wait
 
+    def replica_logs(self, app, deployment):
+        """What the deployment's replicas wrote to their Serve log files so far."""
+        import ray
+
+        context = ray.get_runtime_context()
+        folder = Path(context.get_temp_dir()) / context.get_session_name() / "logs" / "serve"
+        return "".join(path.read_text(errors="replace")
+                       for path in sorted(folder.glob(f"replica_{app}_{deployment}_*.log")))
+
     def close(self):
         import ray
         from ray import serve

@@ -39,20 +39,13 @@ from reactor_serve.client.input_latency import InputLatencyTracker
 from reactor_serve.client.jitter import release_frames_on_marker
 from reactor_serve.protocol import channel_codec
 from reactor_serve.rtc.host_candidates import HostCandidatePolicy
+from reactor_serve.rtc.transport_states import describe_transport
 
 __all__ = ["ClientPeer", "ReceivedAudio", "ReceivedVideo", "Signal"]
 
 log = logging.getLogger("reactor_serve.client")
 
 Signal = Callable[[str, list[dict[str, Any]]], Awaitable[str]]
-
-
-def _transport_states(pc: RTCPeerConnection) -> str:
-    """Where a connection that did not come up got to, for the error that says so."""
-    sctp = pc.sctp
-    dtls = sctp.transport.state if sctp is not None else "none"
-    return (f"connection {pc.connectionState}, ICE {pc.iceConnectionState}, DTLS {dtls}, "
-            f"SCTP {sctp.state if sctp is not None else 'none'}")
 
 
 @dataclass(slots=True)
@@ -366,13 +359,13 @@ class ClientPeer:
         except asyncio.TimeoutError:
             raise TimeoutError(
                 f"the data channel did not open within {timeout:g} s of the answer "
-                f"({_transport_states(pc)})"
+                f"({describe_transport(pc)})"
             ) from None
         if not opened.is_set():
             if self._closing is not None:
                 raise ConnectionError("the peer was closed while it connected")
             raise ConnectionError(
-                f"the connection failed before its data channel opened ({_transport_states(pc)})"
+                f"the connection failed before its data channel opened ({describe_transport(pc)})"
             )
         self.last_inbound = time.monotonic()
         self._open.set()

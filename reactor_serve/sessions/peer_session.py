@@ -37,6 +37,7 @@ from reactor_serve.rtc import dc_chunking, frame_metadata
 from reactor_serve.rtc.codecs import answered_codecs, apply_bitrate_range
 from reactor_serve.rtc.loss_rate_control import LossRateControl
 from reactor_serve.rtc.settings import WebRTCSettings
+from reactor_serve.rtc.transport_states import describe_transport
 from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.session import EndReason, Session, SessionHost
 from reactor_serve.runtime.stepping import StepFailure
@@ -467,13 +468,16 @@ class PeerSession:
         if self._state != SessionState.STREAMING:
             return
         if self._timer.silence.waiting_for_connection:
-            log.info("session %s: the connection did not come up within %.0f s",
-                     self._log_name, self.settings.connect_timeout_s)
+            log.info("session %s: the connection did not come up within %.0f s (%s)",
+                     self._log_name, self.settings.connect_timeout_s, self._pc_states())
             await self._lose_transport(self._pc, "unconnected")
             return
         log.info("session %s: no inbound frame for %.0f s",
                  self._log_name, self.settings.idle_timeout_s)
         await self._lose_transport(self._pc, "idle")
+
+    def _pc_states(self) -> str:
+        return describe_transport(self._pc) if self._pc is not None else "no connection"
 
     async def _lose_transport(self, pc: RTCPeerConnection | None, why: str) -> None:
         """The client's transport is gone (`why`: closed, failed, idle, or unconnected:
@@ -783,6 +787,11 @@ class PeerSession:
 
     async def _close(self, reason: str, message: str | None) -> None:
         self._timer.stop()
+        if self._pc is not None and self._timer.silence.waiting_for_connection:
+            # The client gave up (or the session ended) while its connection came up:
+            # where it got to tells a lost candidate from a path that does not carry.
+            log.info("session %s: ended before its connection came up (%s)",
+                     self._log_name, self._pc_states())
         opening = self._opening
         if opening is not None and not opening.done():
             await asyncio.wait({opening}, timeout=self.CLOSE_TIMEOUT_S)

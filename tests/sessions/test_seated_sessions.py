@@ -298,11 +298,12 @@ async def test_a_connection_slower_to_come_up_than_the_idle_timeout_streams(host
 
 
 async def test_a_connection_that_never_comes_up_is_a_lost_transport_after_connect_timeout(
-    host_of, peers, clients,
+    host_of, peers, clients, caplog,
 ):
     host = host_of(Level)
     # The timeout is the behaviour under test; the idle one is far longer, so it is the
     # connect window that ends the session.
+    caplog.set_level(logging.INFO, logger="reactor_serve.sessions.peer_session")
     peer = peers(host, settings(idle_timeout_s=WAIT_S, connect_timeout_s=1.0, reconnect_grace_s=0))
     client = clients(host)
     answered = asyncio.Event()
@@ -322,6 +323,39 @@ async def test_a_connection_that_never_comes_up_is_a_lost_transport_after_connec
     assert answered.is_set()
     assert peer.end_reason == "timeout"
     assert peer.end_detail == "the connection did not come up within 1 s"
+    # The log says where it got to: the client's candidates came (in its offer), and
+    # ICE never found a path, since the client never learnt the server's.
+    said = [r.getMessage() for r in caplog.records if "did not come up" in r.getMessage()]
+    assert len(said) == 1 and re.search(
+        r"within 1 s \(connection \w+, ICE (new|checking), [1-9]\d* local and [1-9]\d* "
+        r"remote candidates, DTLS new, SCTP \w+\)$", said[0]), said
+
+
+async def test_a_session_stopped_while_its_connection_comes_up_logs_where_it_got_to(
+    host_of, peers, clients, caplog,
+):
+    caplog.set_level(logging.INFO, logger="reactor_serve.sessions.peer_session")
+    host = host_of(Level)
+    peer = peers(host, settings(idle_timeout_s=WAIT_S))
+    client = clients(host)
+    answered = asyncio.Event()
+
+    async def never_applied(sdp_offer, track_mapping):
+        await peer.answer(sdp_offer, track_mapping)
+        answered.set()
+        await asyncio.Event().wait()
+
+    connecting = asyncio.ensure_future(client.connect(never_applied, timeout=3 * WAIT_S))
+    try:
+        await within_deadline(answered.wait(), "the answer")
+        await peer.close()  # the client gave up, as an SDK does after its own window
+    finally:
+        connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
+    said = [r.getMessage() for r in caplog.records if "before its connection came up" in r.getMessage()]
+    assert len(said) == 1 and re.search(
+        r"\(connection \w+, ICE (new|checking), [1-9]\d* local and [1-9]\d* remote "
+        r"candidates, DTLS new, SCTP \w+\)$", said[0]), said
 
 
 async def test_close_sends_session_ended_with_reason_and_message(host_of, peers, clients):

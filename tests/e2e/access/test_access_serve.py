@@ -44,14 +44,21 @@ def bearer(token):
 
 
 @pytest.mark.timeout(240)
-async def test_the_official_sdk_streams_through_serve_with_a_key(deployed):
+async def test_the_official_sdk_streams_through_serve_with_a_key(deployed, ray_serve):
     app, access, url = deployed
     created = keys_cli("create", "--name", "sdk", "--models", "gradient", url=url)
     assert created.returncode == 0, created.stderr
     import json
     key = json.loads(created.stdout)["api_key"]
     reactor = Reactor("gradient", api_key=key, api_url=app)
-    await reactor.connect()
+    try:
+        await reactor.connect()
+    except Exception as exc:
+        # What the model's replica saw of the connection (where it got to) is the
+        # evidence a connect that timed out leaves.
+        seen = [line for line in ray_serve.replica_logs("access", "model-gradient").splitlines()
+                if "session" in line]
+        raise AssertionError(f"{exc!r}; the replica's log:\n" + "\n".join(seen[-20:])) from exc
     try:
         got = []
         reactor.track("main_video").on_frame(got.append)

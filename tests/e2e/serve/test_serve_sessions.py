@@ -4,7 +4,6 @@ owned by their model replicas, on a real local Ray with the Python client over W
 import asyncio
 import logging
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -34,16 +33,6 @@ def replica_actors(app, deployment):
     prefix = f"SERVE_REPLICA::{app}#{deployment}#"
     return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                   if a["name"].startswith(prefix))
-
-
-def replica_logs(app, deployment):
-    """What the deployment's replicas wrote to their Serve log files so far."""
-    import ray
-
-    context = ray.get_runtime_context()
-    folder = Path(context.get_temp_dir()) / context.get_session_name() / "logs" / "serve"
-    return "".join(path.read_text(errors="replace")
-                   for path in sorted(folder.glob(f"replica_{app}_{deployment}_*.log")))
 
 
 def kill(actor_name):
@@ -290,10 +279,10 @@ async def test_session_lists_need_the_operator_token_and_mask_ids(ray_serve):
         # The replica's log says how each session ended, naming it only as far as
         # telling it apart.
         ended = f"session {client.session_id[:4]}… ended: client_closed"
-        await until(lambda: ended in replica_logs("ops", "model-gradient"),
+        await until(lambda: ended in ray_serve.replica_logs("ops", "model-gradient"),
                     "the session's end in the replica's log", timeout=MEDIA)
-        assert client.session_id not in replica_logs("ops", "model-gradient")
-        assert client.session_id not in replica_logs("ops", "ReactorIngress")
+        assert client.session_id not in ray_serve.replica_logs("ops", "model-gradient")
+        assert client.session_id not in ray_serve.replica_logs("ops", "ReactorIngress")
     finally:
         await client.close()
         ray_serve.delete("ops")
