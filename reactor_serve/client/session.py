@@ -43,6 +43,7 @@ from reactor_serve.client.signalling import (
     join_url,
     offer_signal,
     start_session,
+    stop_session,
 )
 
 __all__ = ["ReactorClient", "RecordingRefused", "connect"]
@@ -358,9 +359,7 @@ class ReactorClient:
                 pass
         try:
             if self.state != ClientState.ENDED:
-                await self._http.post(
-                    join_url(self.base_url, "stop_session"), json={"session_id": self.session_id}
-                )
+                await stop_session(self._http, self.base_url, self.session_id)
         except httpx.HTTPError:
             pass  # the server may already be gone; closing the peer still ends it
         finally:
@@ -404,8 +403,11 @@ async def connect(
     if on_state is not None:
         on_state(ClientState.CONNECTING, {})
     http = http_client(token)
+    session_id: str | None = None
+    peer: ClientPeer | None = None
     try:
         descriptor = await start_session(http, base_url, extra_args)
+        session_id = descriptor["session_id"]
         ice = await fetch_ice_servers(http, base_url, descriptor["session_id"])
         peer = ClientPeer(descriptor["capabilities"], ice_servers=ice, inputs=inputs,
                           host_candidates=host_candidates,
@@ -417,6 +419,30 @@ async def connect(
         client._start_supervisor()
         return client
     except BaseException:
-        await http.aclose()
+        # Given up (failed, timed out or cancelled): the server would hold what this
+        # started (a seat, or a place in the queue) until its own timeouts ran out.
+        giving_up = asyncio.ensure_future(_give_up(http, base_url, session_id, peer))
+        try:
+            await asyncio.shield(giving_up)
+        except asyncio.CancelledError:
+            pass  # it goes on by itself; the caller's own exception is what it gets
         raise
+
+
+# How long a client that gave up on connecting waits for the server to take its stop.
+GIVE_UP_STOP_S = 5.0
+
+
+async def _give_up(
+    http: httpx.AsyncClient, base_url: str, session_id: str | None, peer: ClientPeer | None
+) -> None:
+    try:
+        if session_id is not None:
+            await stop_session(http, base_url, session_id, timeout=GIVE_UP_STOP_S)
+    except httpx.HTTPError:
+        pass  # the server is gone or slow: its own timeouts end the session
+    finally:
+        if peer is not None:
+            await peer.close()
+        await http.aclose()
 

@@ -30,6 +30,7 @@ __all__ = [
     "join_url",
     "offer_signal",
     "start_session",
+    "stop_session",
     "watch_signal",
     "watch_url",
 ]
@@ -114,6 +115,16 @@ async def fetch_ice_servers(
     """The session's `ice_servers` (docs/protocol.md: `[{"uris", "credentials"?}]`)."""
     url = join_url(base_url, f"sessions/{session_id}/transport/webrtc/ice_servers")
     return checked_json(await http.get(url), 200).get("ice_servers", [])
+
+
+async def stop_session(
+    http: httpx.AsyncClient, base_url: str, session_id: str, timeout: float | None = None
+) -> None:
+    """`POST stop_session` naming the session (`timeout`: the request's bound, else the
+    client's). Raises httpx.HTTPError when the server cannot be reached."""
+    kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    await http.post(join_url(base_url, "stop_session"), json={"session_id": session_id},
+                    **kwargs)
 
 
 async def check_session(

@@ -73,7 +73,13 @@ async def test_capacity_counts_live_and_waiting_sessions(capacity_app):
         second_task = asyncio.create_task(connect(model, timeout=120, on_queue=queued.append))
         await settles_at(capacity_app, {"replicas": 1, "busy": 1, "free": 0, "waiting": 1},
                          "the second session to count as waiting")
-        assert not second_task.done() and queued
+        # The client hears of its place at its next poll of the answer, which a loaded
+        # machine may run after the count above already says it waits.
+        deadline = time.monotonic() + MEDIA
+        while not queued:
+            assert time.monotonic() < deadline, "the client was never told it waits"
+            await asyncio.sleep(0.1)  # the poll interval of this bounded wait
+        assert not second_task.done()
 
         await first.close()
         second = await asyncio.wait_for(second_task, 120)
