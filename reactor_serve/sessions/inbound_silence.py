@@ -2,8 +2,9 @@
 
 A connection is alive while frames arrive from it (its pings keep a quiet client
 alive): silence past `idle_timeout_s` means it is gone. A connection still coming up
-(ICE and DTLS, after the answer) can send nothing yet, however alive its client: it
-gets `connect_timeout_s` instead, and its silence counts from the moment it is up.
+(ICE, DTLS, SCTP and the client's data channel, after the answer) can send nothing
+yet, however alive its client: it gets `connect_timeout_s` instead, and its silence
+counts from the moment it is up (its data channel open).
 One rule for a session's client (`OrphanTimer`) and for a viewer's (`ViewerRoom`).
 """
 

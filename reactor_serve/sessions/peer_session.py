@@ -405,6 +405,10 @@ class PeerSession:
         def on_datachannel(channel: RTCDataChannel) -> None:
             if pc is not self._pc:
                 return
+            if self._timer.silence.waiting_for_connection:
+                # Up: the client's channel is open, so from now on it can speak (ICE
+                # and DTLS connected are not enough: SCTP and the channel come after).
+                self._timer.silence.up()
             label = channel.label
             if chunking is None:
                 self._channels[label] = channel
@@ -439,9 +443,7 @@ class PeerSession:
         def on_state() -> None:
             if pc is not self._pc:
                 return
-            if pc.connectionState == "connected":
-                self._timer.silence.up()
-            elif pc.connectionState in ("failed", "closed"):
+            if pc.connectionState in ("failed", "closed"):
                 self._spawn(self._lose_transport(pc, pc.connectionState))
 
     async def _discard(

@@ -220,7 +220,7 @@ async def test_silent_client_is_ended_by_the_watchdog_and_next_client_works(serv
     settings = WebRTCSettings(loopback_candidates=True, idle_timeout_s=WAIT_S, reconnect_grace_s=0)
     _, peer, client = await serve(host, settings, ping=False)
     await frames_after(client, 2)
-    peer._timer.idle_timeout_s = 1.0
+    peer._timer.silence.idle_timeout_s = 1.0
     await within_deadline(peer.ended.wait(), "the watchdog to end the silent session")
     assert peer.end_reason == "timeout"
     ended = [m for m in client.messages if m["data"]["type"] == "sessionEnded"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from aiortc import RTCPeerConnection
+from aiortc import RTCPeerConnection, RTCSessionDescription
 from conftest import connected
 from waits import within_deadline
 
@@ -329,6 +329,34 @@ async def test_a_connection_that_never_comes_up_is_a_lost_transport_after_connec
     assert len(said) == 1 and re.search(
         r"within 1 s \(connection \w+, ICE (new|checking), [1-9]\d* local and [1-9]\d* "
         r"remote candidates, DTLS new, SCTP \w+\)$", said[0]), said
+
+
+async def test_a_connection_up_without_a_channel_has_the_connect_timeout_not_the_idle_one(
+    host_of, peers, caplog,
+):
+    # ICE, DTLS and SCTP connect, but the client never announces a channel (its one is
+    # pre-negotiated, so no open message goes out): it cannot speak, so it is not up.
+    # Its silence must not be counted against idle_timeout_s (the session would end
+    # as silent); it ends when connect_timeout_s runs out, saying it never came up.
+    caplog.set_level(logging.INFO, logger="reactor_serve.sessions.peer_session")
+    host = host_of(Level)
+    peer = peers(host, settings(idle_timeout_s=0.5, connect_timeout_s=3.0, reconnect_grace_s=0))
+    pc = RTCPeerConnection()
+    try:
+        pc.addTransceiver("video", direction="recvonly")
+        pc.createDataChannel("data", negotiated=True, id=0)
+        await pc.setLocalDescription(await pc.createOffer())
+        mapping = [{"mid": "0", "name": "main_video", "kind": "video", "direction": "recvonly"}]
+        answer = await peer.answer(pc.localDescription.sdp, mapping)
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        await within_deadline(peer.ended.wait(), "the session to end")
+    finally:
+        await pc.close()
+    assert peer.end_reason == "timeout"
+    assert peer.end_detail == "the connection did not come up within 3 s"
+    said = [r.getMessage() for r in caplog.records if "did not come up" in r.getMessage()]
+    # It got as far as SCTP: connected, every transport, and still not up.
+    assert len(said) == 1 and said[0].endswith("DTLS connected, SCTP connected)"), said
 
 
 async def test_a_session_stopped_while_its_connection_comes_up_logs_where_it_got_to(

@@ -194,6 +194,8 @@ class ViewerRoom:
             if channel.label != "data":
                 return
             viewer.channel = channel
+            # Up once its channel is open: from then on the viewer can speak.
+            viewer.silence.up()
 
             @channel.on("message")
             def on_message(raw: str | bytes) -> None:
@@ -203,9 +205,7 @@ class ViewerRoom:
 
         @pc.on("connectionstatechange")
         def on_state() -> None:
-            if pc.connectionState == "connected" and viewer.silence.waiting_for_connection:
-                viewer.silence.up()
-            elif pc.connectionState in ("failed", "closed") and not viewer.closed:
+            if pc.connectionState in ("failed", "closed") and not viewer.closed:
                 self._spawn(self._close_viewer(viewer))
 
     def broadcast(self, text: str, ending: bool = False) -> None:
