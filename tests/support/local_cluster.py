@@ -33,10 +33,16 @@ _RAY = str(Path(sys.executable).parent / "ray")
 _REACTOR = str(Path(sys.executable).parent / "reactor")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct ports free now: held open together, so none comes twice."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 class LocalCluster:
@@ -65,9 +71,10 @@ class LocalCluster:
         self.env = {**inherited, "RAY_AUTH_MODE": "token",
                     "RAY_AUTH_TOKEN_PATH": str(self.token_path), **SERVE_PROXY_ENV,
                     **(env or {})}
-        self.gcs_port = _free_port()
-        self.dashboard_port = _free_port()
-        self.http_port = _free_port()
+        # Every port this cluster is given, so that no two of its components get one
+        # port (a port handed out is free until its component binds it).
+        self._given: set[int] = set()
+        self.gcs_port, self.dashboard_port, self.http_port = self._ports(3)
         self._fixed_nodes: list[subprocess.Popen] = []
 
     @property
@@ -94,7 +101,7 @@ class LocalCluster:
             f"--temp-dir={self.temp_dir}", "--disable-usage-stats",
             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
             *self._node_ports(),
-            f"--ray-client-server-port={_free_port()}",
+            f"--ray-client-server-port={self._ports(1)[0]}",
         ]
         env = dict(self.env)
         if self.worker_types is not None:
@@ -194,13 +201,22 @@ class LocalCluster:
 
     # ---- config ------------------------------------------------------------------
 
+    def _ports(self, count: int) -> list[int]:
+        """`count` free ports this cluster has not given out before."""
+        ports: list[int] = []
+        while len(ports) < count:
+            ports += [p for p in _free_ports(count - len(ports)) if p not in self._given]
+            self._given.update(ports)
+        return ports
+
     def _node_ports(self) -> list[str]:
         # Ray's fixed default ports would collide with the test session's Ray.
+        listen, grpc, metrics, runtime_env = self._ports(4)
         return [
-            f"--dashboard-agent-listen-port={_free_port()}",
-            f"--dashboard-agent-grpc-port={_free_port()}",
-            f"--metrics-export-port={_free_port()}",
-            f"--runtime-env-agent-port={_free_port()}",
+            f"--dashboard-agent-listen-port={listen}",
+            f"--dashboard-agent-grpc-port={grpc}",
+            f"--metrics-export-port={metrics}",
+            f"--runtime-env-agent-port={runtime_env}",
         ]
 
     def _autoscaling_config(self) -> dict[str, Any]:
