@@ -366,7 +366,10 @@ async def test_sdk_downloads_a_clip_and_the_whole_session_from_reactor_run(react
     async with connected(run.url, "gradient") as reactor:
         session_id = reactor.session_id
         await clip_and_recording(reactor, tmp_path)
-    # The session is over: its clips went with it.
+    # The session is over (the SDK's disconnect may return before the server has ended
+    # it: a recorded session's close finishes its files): its clips went with it.
+    ended = await ended_session(run.url, session_id)
+    assert ended["end_reason"] == "client_closed", ended
     gone = httpx.get(f"{run.url}/clips", params={"session_id": session_id, "start": "0",
                                                   "end": "1"}, timeout=30)
     assert gone.status_code == 410, gone.text
