@@ -297,6 +297,18 @@ async def test_a_connection_slower_to_come_up_than_the_idle_timeout_streams(host
     assert states == ["waiting", "streaming"], states
 
 
+def _never_applied(peer, answered):
+    """A client's signal whose offer `peer` answers (setting `answered`) and whose
+    answer never reaches the client's connection."""
+
+    async def signal(sdp_offer, track_mapping):
+        await peer.answer(sdp_offer, track_mapping)
+        answered.set()
+        await asyncio.Event().wait()
+
+    return signal
+
+
 async def test_a_connection_that_never_comes_up_is_a_lost_transport_after_connect_timeout(
     host_of, peers, clients, caplog,
 ):
@@ -307,14 +319,8 @@ async def test_a_connection_that_never_comes_up_is_a_lost_transport_after_connec
     peer = peers(host, settings(idle_timeout_s=WAIT_S, connect_timeout_s=1.0, reconnect_grace_s=0))
     client = clients(host)
     answered = asyncio.Event()
-
-    async def never_applied(sdp_offer, track_mapping):
-        # Answered, and the answer never reaches the client's connection.
-        await peer.answer(sdp_offer, track_mapping)
-        answered.set()
-        await asyncio.Event().wait()
-
-    connecting = asyncio.ensure_future(client.connect(never_applied, timeout=3 * WAIT_S))
+    connecting = asyncio.ensure_future(
+        client.connect(_never_applied(peer, answered), timeout=3 * WAIT_S))
     try:
         await within_deadline(peer.ended.wait(), "the session to end")
     finally:
@@ -367,13 +373,8 @@ async def test_a_session_stopped_while_its_connection_comes_up_logs_where_it_got
     peer = peers(host, settings(idle_timeout_s=WAIT_S))
     client = clients(host)
     answered = asyncio.Event()
-
-    async def never_applied(sdp_offer, track_mapping):
-        await peer.answer(sdp_offer, track_mapping)
-        answered.set()
-        await asyncio.Event().wait()
-
-    connecting = asyncio.ensure_future(client.connect(never_applied, timeout=3 * WAIT_S))
+    connecting = asyncio.ensure_future(
+        client.connect(_never_applied(peer, answered), timeout=3 * WAIT_S))
     try:
         await within_deadline(answered.wait(), "the answer")
         await peer.close()  # the client gave up, as an SDK does after its own window
