@@ -39,6 +39,7 @@ from reactor_serve.protocol.track_mapping import (
 from reactor_serve.rtc.codecs import prefer_codec
 from reactor_serve.rtc.host_candidates import HostCandidatePolicy
 from reactor_serve.rtc.ice_servers import rtc_configuration, session_ice_servers
+from reactor_serve.rtc.media_packet_guard import guard_media_packets
 from reactor_serve.rtc.sctp_guard import guard_sctp_text_frames
 from reactor_serve.rtc.sdp_offer import parse_offer
 from reactor_serve.rtc.settings import WebRTCSettings
@@ -150,6 +151,8 @@ class OfferAnswerer:
             wire(pc)
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer.sdp, type="offer"))
             guard_sctp_text_frames(pc.sctp)
+            for transport in _dtls_transports(pc):
+                guard_media_packets(transport)
             if on_remote_set is not None:
                 await on_remote_set(pc)
             if self._host_candidates is not None:
@@ -175,3 +178,15 @@ class OfferAnswerer:
                         self.label, self.close_timeout_s)
         elif not closing.cancelled() and closing.exception() is not None:
             log.warning("%s: closing a peer connection failed: %r", self.label, closing.exception())
+
+
+def _dtls_transports(pc: RTCPeerConnection) -> list[Any]:
+    """Each DTLS transport of `pc` once (bundled media and SCTP share one)."""
+    transports: dict[int, Any] = {}
+    for transceiver in pc.getTransceivers():
+        for transport in (transceiver.sender.transport, transceiver.receiver.transport):
+            if transport is not None:
+                transports[id(transport)] = transport
+    if pc.sctp is not None:
+        transports[id(pc.sctp.transport)] = pc.sctp.transport
+    return list(transports.values())
