@@ -40,7 +40,7 @@ from reactor_serve.rtc.codecs import prefer_codec
 from reactor_serve.rtc.host_candidates import HostCandidatePolicy
 from reactor_serve.rtc.ice_servers import rtc_configuration, session_ice_servers
 from reactor_serve.rtc.media_packet_guard import guard_media_packets
-from reactor_serve.rtc.sctp_guard import guard_sctp_text_frames
+from reactor_serve.rtc.sctp_guard import guard_sctp_packets, guard_sctp_text_frames
 from reactor_serve.rtc.sdp_offer import parse_offer
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.runtime.loading.model_spec import ModelSpec
@@ -151,6 +151,7 @@ class OfferAnswerer:
             wire(pc)
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer.sdp, type="offer"))
             guard_sctp_text_frames(pc.sctp)
+            guard_sctp_packets(pc.sctp)
             for transport in _dtls_transports(pc):
                 guard_media_packets(transport)
             if on_remote_set is not None:

@@ -1,4 +1,5 @@
-"""Hostile RTP and RTCP on a live session, over a real aiortc connection on 127.0.0.1.
+"""Hostile RTP, RTCP and SCTP packets on a live session, over a real aiortc connection
+on 127.0.0.1.
 
 The client is a `ClientPeer` sending a camera to the reference `v2v` model, so the
 server both receives media (RTP from the client) and sends it (RTCP from the client
@@ -6,7 +7,9 @@ about it). Crafted packets go through the client's own SRTP, as a hostile peer's
 would. After every case: the session is the first and only one, its connection is up,
 the camera still comes back transformed and video still arrives. Without the guard
 (rtc/media_packet_guard.py), a REMB whose SSRC count runs past its bytes or a one-byte
-abs-send-time extension closes the server's DTLS transport and ends the session.
+abs-send-time extension closes the server's DTLS transport and ends the session; without
+the SCTP packet guard (rtc/sctp_guard.py), a parameter of length 0 hangs the process
+that holds the session, and a short INIT chunk ends the session.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from aiortc.rtp import (
     RTCP_RTPFB_NACK,
     pack_rtcp_packet,
 )
+from aiortc.rtcsctptransport import crc32c
 from aiortc.sdp import SessionDescription
 from paths import TEST_MODELS
 
 from reactor_serve.client.peer import ClientPeer
 from reactor_serve.protocol import model_documents
 from reactor_serve.rtc.media_packet_guard import media_packet_guard
+from reactor_serve.rtc.sctp_guard import sctp_packets_dropped
 from reactor_serve.rtc.settings import WebRTCSettings
 from reactor_serve.sessions.peer_session import PeerSession
 
@@ -93,6 +98,29 @@ def rtp_cases(payload_type: int, abs_send_time: int, mid: int) -> list[tuple[str
          [_rtp(payload_type, 100 + k, 0xA4, payload=rng.randbytes(rng.randrange(1, 1200))) for k in range(50)]),
         ("payload types nobody negotiated",
          [_rtp(rng.randrange(96, 128), 100 + k, 0xA5) for k in range(20)]),
+    ]
+
+
+def _sctp(*chunks: tuple[int, bytes], tag: int = 0) -> bytes:
+    """An SCTP packet with a correct checksum, so that the parse goes past it."""
+    body = b"".join(
+        struct.pack("!BBH", chunk_type, 0, 4 + len(value)) + value + bytes(-len(value) % 4)
+        for chunk_type, value in chunks
+    )
+    header = struct.pack("!HHL", 5000, 5000, tag)
+    return header + struct.pack("<L", crc32c(header + b"\0\0\0\0" + body)) + body
+
+
+def sctp_cases() -> list[tuple[str, list[bytes]]]:
+    zero_length = struct.pack("!HH", 1, 0) + bytes(4)
+    return [
+        ("ABORT whose cause has length 0", [_sctp((6, zero_length))]),
+        ("HEARTBEAT whose parameter has length 0", [_sctp((4, zero_length))]),
+        ("INIT whose parameter after its fixed fields has length 0",
+         [_sctp((1, bytes(16) + zero_length))]),
+        ("RE-CONFIG whose parameter runs past its chunk", [_sctp((130, struct.pack("!HH", 13, 200)))]),
+        ("INIT shorter than its fixed fields", [_sctp((1, bytes(4)))]),
+        ("SACK shorter than its fixed fields", [_sctp((3, bytes(4)))]),
     ]
 
 
@@ -165,3 +193,16 @@ async def test_hostile_rtp_is_dropped_and_the_session_goes_on(live):
             await dtls._send_rtp(packet)
         await _still_alive(host, peer, client)
     assert media_packet_guard(_server_transport(peer)).dropped_rtp >= 1
+
+
+async def test_hostile_sctp_packets_are_dropped_and_the_session_goes_on(live):
+    host, peer, client = live
+    dtls = _client_transport(client)
+    for name, packets in sctp_cases():
+        for packet in packets:
+            await dtls._send_data(packet)  # DTLS application data: the peer's SCTP
+        await _still_alive(host, peer, client)
+        # The data channel still carries commands both ways.
+        client.send_command("set_style", {"style": "none"})
+        client.send_command("set_style", {"style": "sketch"})
+    assert sctp_packets_dropped(peer._pc.sctp) == len(sctp_cases())
