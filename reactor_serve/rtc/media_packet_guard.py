@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from reactor_serve.runtime.log_throttle import LogThrottle
 
@@ -47,26 +47,28 @@ def guard_media_packets(transport: Any) -> None:
     if transport is None or media_packet_guard(transport) is not None:
         return
     guard = MediaPacketGuard()
-    read_rtcp, read_rtp = transport._handle_rtcp_data, transport._handle_rtp_data
 
-    async def _handle_rtcp_data(data: bytes) -> None:
+    def dropped_rtcp() -> None:
+        guard.dropped_rtcp += 1
+
+    def dropped_rtp() -> None:
+        guard.dropped_rtp += 1
+
+    transport._handle_rtcp_data = _dropping(transport._handle_rtcp_data, "RTCP", dropped_rtcp)
+    transport._handle_rtp_data = _dropping(transport._handle_rtp_data, "RTP", dropped_rtp)
+    setattr(transport, _ATTRIBUTE, guard)
+
+
+def _dropping(read: Callable[..., Awaitable[None]], what: str, count: Callable[[], None]) -> Callable[..., Awaitable[None]]:
+    """`read`, with a packet that breaks it dropped and counted instead of raised."""
+
+    async def guarded(*args: Any, **kwargs: Any) -> None:
         try:
-            await read_rtcp(data)
+            await read(*args, **kwargs)
         except ConnectionError:
             raise  # the transport is going: aiortc's loop ends it as before
         except Exception:
-            guard.dropped_rtcp += 1
-            _throttle.exception("an RTCP packet broke aiortc's read; dropped it")
+            count()
+            _throttle.exception("an %s packet broke aiortc's read; dropped it", what)
 
-    async def _handle_rtp_data(data: bytes, arrival_time_ms: int) -> None:
-        try:
-            await read_rtp(data, arrival_time_ms=arrival_time_ms)
-        except ConnectionError:
-            raise
-        except Exception:
-            guard.dropped_rtp += 1
-            _throttle.exception("an RTP packet broke aiortc's read; dropped it")
-
-    transport._handle_rtcp_data = _handle_rtcp_data
-    transport._handle_rtp_data = _handle_rtp_data
-    setattr(transport, _ATTRIBUTE, guard)
+    return guarded
