@@ -156,6 +156,21 @@ async def _still_alive(host, peer: PeerSession, client: ClientPeer) -> None:
     assert host.model_errors == 0
 
 
+async def _fire(live, cases, send, after_each=None) -> None:
+    """Send each case's packets with `send`, then check the session is still whole,
+    naming the case that broke it."""
+    host, peer, client = live
+    for name, packets in cases:
+        for packet in packets:
+            await send(packet)
+        try:
+            await _still_alive(host, peer, client)
+        except (AssertionError, TimeoutError) as exc:
+            raise AssertionError(f"after {name!r}: {exc}") from exc
+        if after_each is not None:
+            after_each()
+
+
 def _client_transport(client: ClientPeer):
     return client.pc.getTransceivers()[0].sender.transport
 
@@ -167,11 +182,7 @@ def _server_transport(peer: PeerSession):
 async def test_hostile_rtcp_is_dropped_and_the_session_goes_on(live):
     host, peer, client = live
     server_video_ssrc = next(t.sender._ssrc for t in peer._pc.getTransceivers() if t.sender.track is not None)
-    dtls = _client_transport(client)
-    for name, packets in rtcp_cases(server_video_ssrc):
-        for packet in packets:
-            await dtls._send_rtp(packet)
-        await _still_alive(host, peer, client)
+    await _fire(live, rtcp_cases(server_video_ssrc), _client_transport(client)._send_rtp)
     # The first case is one aiortc cannot read without raising: dropped and counted.
     assert media_packet_guard(_server_transport(peer)).dropped_rtcp >= 1
 
@@ -187,22 +198,18 @@ async def test_hostile_rtp_is_dropped_and_the_session_goes_on(live):
         ids["http://www.webrtc.org/experiments/rtp-hdrext/abs-send-time"],
         ids["urn:ietf:params:rtp-hdrext:sdes:mid"],
     )
-    dtls = _client_transport(client)
-    for name, packets in cases:
-        for packet in packets:
-            await dtls._send_rtp(packet)
-        await _still_alive(host, peer, client)
+    await _fire(live, cases, _client_transport(client)._send_rtp)
     assert media_packet_guard(_server_transport(peer)).dropped_rtp >= 1
 
 
 async def test_hostile_sctp_packets_are_dropped_and_the_session_goes_on(live):
     host, peer, client = live
-    dtls = _client_transport(client)
-    for name, packets in sctp_cases():
-        for packet in packets:
-            await dtls._send_data(packet)  # DTLS application data: the peer's SCTP
-        await _still_alive(host, peer, client)
+
+    def commands() -> None:
         # The data channel still carries commands both ways.
         client.send_command("set_style", {"style": "none"})
         client.send_command("set_style", {"style": "sketch"})
+
+    # DTLS application data: the peer's SCTP.
+    await _fire(live, sctp_cases(), _client_transport(client)._send_data, commands)
     assert sctp_packets_dropped(peer._pc.sctp) == len(sctp_cases())
