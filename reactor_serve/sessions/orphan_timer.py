@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from reactor_serve.sessions.inbound_silence import InboundSilence
+from reactor_serve.sessions.inbound_silence import InboundSilence, silence_checks
 
 __all__ = ["OrphanTimer"]
 
@@ -64,9 +64,12 @@ class OrphanTimer:
             self._watchdog = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
-        while not self._stopped:
-            await self._sleep(min(1.0, self.silence.idle_timeout_s / 4))
-            if not self._stopped and self.silence.silent():
+        period = min(1.0, self.silence.idle_timeout_s / 4)
+        async for stalled in silence_checks(period, clock=self._clock, sleep=self._sleep):
+            if self._stopped:
+                return
+            self.silence.excuse(stalled)
+            if self.silence.silent():
                 await self._on_silent()
 
     # ---- orphaned -------------------------------------------------------------------

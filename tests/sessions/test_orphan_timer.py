@@ -71,6 +71,39 @@ async def test_the_watchdog_fires_after_idle_timeout_without_inbound(fake):
     assert silent == [110.0]
 
 
+async def test_a_stall_of_our_own_loop_is_not_the_clients_silence(fake):
+    # The loop wakes 25 s late: what the client sent meanwhile is still unread in the
+    # socket, so the watchdog must not call it silent on waking; it judges the seconds
+    # after the stall, as the client's frames get their turn.
+    silent = []
+    timer = timer_of(fake, silent=silent, idle=8.0)
+    timer.start_watchdog()
+    await fake.advance(0)
+    await fake.advance(25.0)  # one sleep of 1 s that took 25
+    assert silent == []
+    for _ in range(7):
+        await fake.advance(1.0)
+    assert silent == []  # 1 + 7 heard-able seconds: not longer than idle_timeout_s
+    await fake.advance(1.0)
+    assert silent == [133.0]
+    timer.stop()
+
+
+async def test_a_slow_machine_is_not_excused_a_late_wake_under_a_period(fake):
+    # Wakes 0.5 s late each time (a loaded machine, not a stall): the silence counts
+    # in full, so a gone client is still found after idle_timeout_s.
+    silent = []
+    timer = timer_of(fake, silent=silent, idle=8.0)
+    timer.start_watchdog()
+    await fake.advance(0)
+    for _ in range(5):
+        await fake.advance(1.5)
+    assert silent == []  # 7.5 s
+    await fake.advance(1.5)
+    assert silent == [109.0]
+    timer.stop()
+
+
 async def test_grace_expires_with_its_orphaning_time_and_a_resume_cancels_it(fake):
     expired = []
     timer = timer_of(fake, expired=expired, grace=30.0)

@@ -37,6 +37,7 @@ from reactor_serve.runtime.field_errors import command_error
 from reactor_serve.runtime.loading.model_spec import ModelSpec
 from reactor_serve.sessions import farewell, inbound_channel
 from reactor_serve.sessions.contract import AnswerPending, SdpAnswer, mask_session_id
+from reactor_serve.sessions.inbound_silence import silence_checks
 from reactor_serve.sessions.media_tracks import OutputFanout
 from reactor_serve.sessions.offer_answering import CheckedOffer
 from reactor_serve.sessions.viewers.answering import ViewerAnswering, ViewerConnection
@@ -232,9 +233,11 @@ class ViewerRoom:
     # ---- ending -------------------------------------------------------------------------
 
     async def _watch_idle(self) -> None:
-        while not self._closed:
-            await asyncio.sleep(min(1.0, self.settings.idle_timeout_s / 4))
+        async for stalled in silence_checks(min(1.0, self.settings.idle_timeout_s / 4)):
+            if self._closed:
+                return
             for viewer in list(self._viewers.values()):
+                viewer.silence.excuse(stalled)
                 answered = viewer.answer is not None and viewer.answer.done()
                 if answered and viewer.silence.silent():
                     why = ("not connected after" if viewer.silence.waiting_for_connection
