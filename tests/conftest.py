@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loop_stalls import LoopStallWatcher
 from paths import ROOT
 from serve_proxy_env import SERVE_PROXY_ENV
 
@@ -438,6 +439,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         })
 
 
+_LOOP_STALLS = LoopStallWatcher()
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item):
+    """pytest-asyncio's loops, each watched for stalls (tests/support/loop_stalls.py):
+    a test whose loop stops turning fails with every thread's stack in its stderr."""
+    return {"watched": _LOOP_STALLS.new_loop}
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """With REACTOR_FAILURE_LOG set (the load script sets it), each failure's traceback
     is appended there as it is reported: a run stopped by hand, an hour long under load,
@@ -446,8 +456,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = os.environ.get("REACTOR_FAILURE_LOG")
     if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    # The test's stderr too: a stalled loop's stacks are there (event_loop_policy).
+    stderr = "".join(f"---- {title}\n{text}\n" for title, text in report.sections
+                     if "stderr" in title)
     with open(path, "a", encoding="utf-8") as log:
-        log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+        log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n{stderr}\n")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
