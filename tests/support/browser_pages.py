@@ -2,6 +2,8 @@
 
 import time
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
 
 def _from_pixels(width, height, body):
     """A page function of `[video]`: `body` runs on `data`, the RGBA pixels of the
@@ -61,12 +63,20 @@ def frame_count(page, selector):
 
 
 def wait_for(condition, timeout, what):
-    """Poll `condition()` until it returns a truthy value; fail naming `what`."""
+    """Poll `condition()` until it returns a truthy value; fail naming `what`.
+
+    A probe that Playwright itself times out on (its own 30 s, for a page too busy to
+    answer on a loaded machine) is a "not yet", like a falsy result: `timeout` is this
+    wait's bound, and it may be longer than one probe's."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
+        try:
+            last = condition()
+        except PlaywrightTimeoutError as exc:
+            last = exc
+        else:
+            if last:
+                return last
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
