@@ -294,6 +294,13 @@ def test_a_model_stuck_in_a_forward_pass_is_restarted_when_its_session_cannot_en
     assert not _alive(stuck_pid) and model.pid != stuck_pid
 
 
+# Three failed loads in a row, each a fresh process start (Python and torch imported
+# again), before the host turns unhealthy: on a loaded machine a start alone has taken
+# over 20 s, so each wait is bounded per start, and the whole test past their sum.
+START_S = 60.0
+
+
+@pytest.mark.timeout(900)
 def test_a_model_that_keeps_failing_to_load_turns_unhealthy_with_the_reason_and_recovers(
     tmp_path, process_of
 ):
@@ -311,11 +318,12 @@ def test_a_model_that_keeps_failing_to_load_turns_unhealthy_with_the_reason_and_
             await client.wait_closed(timeout=60)
 
     asyncio.run(crash())
-    _wait_until(lambda: not model.healthy, 60, "the host to turn unhealthy")
+    _wait_until(lambda: not model.healthy, model.UNHEALTHY_AFTER * START_S,
+                f"the host to turn unhealthy after {model.UNHEALTHY_AFTER} failed loads")
     assert "simulated load failure" in str(model.load_error)
     assert "RuntimeError" in model.load_error.traceback
     marker.unlink()
-    _wait_until(lambda: model.healthy, 60, "the host to load again")
+    _wait_until(lambda: model.healthy, START_S, "the host to load again")
 
     async def works():
         async with connected(model) as client:
