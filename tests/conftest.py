@@ -370,7 +370,9 @@ SERVER_FIXTURES = frozenset({
 E2E_ROOT = Path(__file__).parent / "e2e"
 # The worker group of every test that needs the test session's Ray Serve. Each worker
 # is a test session of its own, and a local Ray with Serve running holds a share of the
-# machine's cores even when idle: one worker runs all of them, on one Ray.
+# machine's cores even when idle: one worker runs all of them, on one Ray. (Two Rays on
+# two of four workers, each with half of these tests, made the whole suite slower: it
+# is bound by the two cores, and the second Ray only added to their load.)
 RAY_GROUP = "ray-serve"
 
 
@@ -382,16 +384,36 @@ def _starts_a_server(item: pytest.Item) -> bool:
     return callspec is not None and callspec.params.get("database_url") == "postgresql"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--matrix", action="store_true",
+        help="also run the tests marked `matrix`: further cases (another rank count, "
+             "another pairing of model and failure) of paths the default run covers once")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark end-to-end tests `e2e`, and give each test its worker group: the Ray Serve
-    tests one, every other module's tests one each (so that a module-scoped server
-    starts once, on one worker). A test module may name its own group."""
+    """Leave out the `matrix` cases unless `--matrix` asks for them (reported as
+    deselected, never as passed); mark end-to-end tests `e2e`, and give each test its
+    worker group: the Ray Serve tests one, every other module's tests one each (so that
+    a module-scoped server starts once, on one worker). A test module may name its own
+    group."""
+    if not config.getoption("matrix"):
+        matrix = [item for item in items if item.get_closest_marker("matrix")]
+        if matrix:
+            config.hook.pytest_deselected(items=matrix)
+            items[:] = [item for item in items if not item.get_closest_marker("matrix")]
     for item in items:
         if _starts_a_server(item):
             item.add_marker(pytest.mark.e2e)
         if item.get_closest_marker("xdist_group") is None:
             group = RAY_GROUP if "ray_serve" in item.fixturenames else item.path.name
             item.add_marker(pytest.mark.xdist_group(group))
+        elif ("ray_serve" in item.fixturenames
+              and item.get_closest_marker("xdist_group").args[0] != RAY_GROUP):
+            # Anywhere else it would start one more Ray on whichever worker ran it.
+            raise pytest.UsageError(
+                f"{item.nodeid} uses ray_serve but names the worker group "
+                f"{item.get_closest_marker('xdist_group').args[0]!r}, not {RAY_GROUP!r}")
 
 
 GROUPS_DIRECTORY = pytest.StashKey[str]()
@@ -418,7 +440,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return None
     from worker_groups import GroupScheduling
 
-    return GroupScheduling(config, log, directory=_groups_directory(config))
+    # The Ray group is the suite's longest: handed out first, it never starts after a
+    # worker's other groups are done.
+    return GroupScheduling(config, log, directory=_groups_directory(config), first=(RAY_GROUP,))
 
 
 # First: xdist's own hook tells the controller the worker has collected, and the

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
 
 from xdist.scheduler import LoadScopeScheduling
@@ -39,14 +41,31 @@ def read_groups(directory: str | os.PathLike) -> dict[str, str]:
     return groups
 
 
+class _FirstInLine(OrderedDict):
+    """loadscope's work queue, in which the named scopes go to the front as they are
+    queued: the scheduler hands out the queue's head first, one scope to each worker."""
+
+    def __init__(self, first: Iterable[str]) -> None:
+        super().__init__()
+        self._first = frozenset(first)
+
+    def __setitem__(self, scope: str, work_unit: dict[str, bool]) -> None:
+        super().__setitem__(scope, work_unit)
+        if scope in self._first:
+            self.move_to_end(scope, last=False)
+
+
 class GroupScheduling(LoadScopeScheduling):
     """xdist's loadscope, whose scope is the group each worker wrote for the test; a
-    test with none falls back to its module, as loadfile would."""
+    test with none falls back to its module, as loadfile would. The groups in `first`
+    are handed out before every other scope."""
 
-    def __init__(self, config, log=None, *, directory: str | os.PathLike) -> None:
+    def __init__(self, config, log=None, *, directory: str | os.PathLike,
+                 first: Iterable[str] = ()) -> None:
         super().__init__(config, log)
         self._directory = directory
         self._groups: dict[str, str] | None = None
+        self.workqueue = _FirstInLine(first)
 
     def _split_scope(self, nodeid: str) -> str:
         # Called once every worker has reported its collection, and each writes its

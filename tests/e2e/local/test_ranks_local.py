@@ -54,7 +54,9 @@ async def frames_until_hue_changes(client, timeout=DEADLINE_S):
             return first, frame
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
+# Two ranks and three run the same code (a group of N); three, with a middle rank, is
+# the default run's case, two the matrix's (docs/testing.md).
+@pytest.mark.parametrize("ranks", [pytest.param(2, marks=pytest.mark.matrix), 3])
 async def test_a_multi_rank_model_streams_and_every_rank_sees_the_same_steps(
     reactor_run, tmp_path, ranks
 ):
@@ -94,10 +96,14 @@ async def test_a_multi_rank_model_streams_and_every_rank_sees_the_same_steps(
     assert dev_shm_entries() <= shm_before
 
 
-@pytest.mark.parametrize("failure", ["killed", "stopped"])
-@pytest.mark.parametrize("example, timeout_key", [
-    ("split_painter", "step_timeout_s"),          # a runner inside the model
-    ("ranked_filter", "rank_step_timeout_s"),     # the model on every rank
+# Each way of running ranks meets each failure once between the default run and the
+# matrix: the default run pairs each way with one failure, so both ways and both
+# failures run there (docs/testing.md).
+@pytest.mark.parametrize("example, timeout_key, failure", [
+    ("split_painter", "step_timeout_s", "stopped"),       # a runner inside the model
+    ("ranked_filter", "rank_step_timeout_s", "killed"),   # the model on every rank
+    pytest.param("split_painter", "step_timeout_s", "killed", marks=pytest.mark.matrix),
+    pytest.param("ranked_filter", "rank_step_timeout_s", "stopped", marks=pytest.mark.matrix),
 ])
 async def test_a_failed_rank_ends_the_session_naming_it_and_the_next_session_works(
     reactor_run, tmp_path, failure, example, timeout_key
