@@ -12,8 +12,10 @@ from paths import ROOT
 
 from reactor_serve.client import SessionRefused, connect
 
-# Deploying an app and scaling replicas takes seconds to tens of seconds here.
-pytestmark = pytest.mark.timeout(240)
+# A hang guard past the waits inside: deploying an app and scaling replicas takes tens
+# of seconds on a loaded machine, and `serve run` of every example starts a Ray and six
+# models of its own.
+pytestmark = pytest.mark.timeout(480)
 GRADIENT = "examples/gradient"
 # How long a wait for media (a frame, a message, an end) may take on a loaded machine.
 MEDIA = 60
