@@ -748,7 +748,13 @@ class SeatedSessionBackend:
         # flat (runtime/native_memory.py). Trimming once the session is gone hands it back;
         # during a session the heaps are reused as they are.
         await asyncio.sleep(self.TRIM_DELAY_S)
-        await asyncio.to_thread(release_freed_memory)
+        try:
+            await asyncio.to_thread(release_freed_memory)
+        except RuntimeError:
+            # The loop's default executor was shut down while the delay ran: the process
+            # is ending (Serve stopped the replica), and its memory goes with it. Raised
+            # here, it was a "Task exception was never retrieved" in every such replica.
+            return
 
 
 def _snapshot(slot: _Slot) -> SessionInfo:

@@ -1026,3 +1026,24 @@ async def test_ending_a_session_whose_model_thread_is_gone_frees_it(host_of):
     assert session.ended.is_set() and host.session is None
     assert session.context not in _live  # get_ctx() no longer finds it
     assert client.end_reason == "client_closed"
+
+
+def test_a_memory_trim_due_after_the_loops_executor_shut_down_ends_quietly(monkeypatch):
+    # Serve stops a replica within the trim's delay after a session ended: the loop's
+    # default executor is gone by the time the trim is due, and the trim task raised
+    # "cannot schedule new futures after shutdown" into "Task exception was never
+    # retrieved". With nothing left to trim for, the task just ends.
+    from reactor_serve.sessions import seated_sessions
+
+    trims = []
+    monkeypatch.setattr(seated_sessions, "release_freed_memory", lambda: trims.append(1))
+
+    class Backend:
+        TRIM_DELAY_S = 0.0
+
+    async def trim_after_shutdown():
+        await asyncio.get_running_loop().shutdown_default_executor()
+        await SeatedSessionBackend._release_freed_memory(Backend())
+
+    asyncio.run(trim_after_shutdown())
+    assert trims == []
