@@ -401,19 +401,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         matrix = [item for item in items if item.get_closest_marker("matrix")]
         if matrix:
             config.hook.pytest_deselected(items=matrix)
-            items[:] = [item for item in items if not item.get_closest_marker("matrix")]
+            left_out = set(matrix)
+            items[:] = [item for item in items if item not in left_out]
     for item in items:
         if _starts_a_server(item):
             item.add_marker(pytest.mark.e2e)
-        if item.get_closest_marker("xdist_group") is None:
+        named = item.get_closest_marker("xdist_group")
+        if named is None:
             group = RAY_GROUP if "ray_serve" in item.fixturenames else item.path.name
             item.add_marker(pytest.mark.xdist_group(group))
-        elif ("ray_serve" in item.fixturenames
-              and item.get_closest_marker("xdist_group").args[0] != RAY_GROUP):
+        elif "ray_serve" in item.fixturenames and named.args[0] != RAY_GROUP:
             # Anywhere else it would start one more Ray on whichever worker ran it.
-            raise pytest.UsageError(
-                f"{item.nodeid} uses ray_serve but names the worker group "
-                f"{item.get_closest_marker('xdist_group').args[0]!r}, not {RAY_GROUP!r}")
+            raise pytest.UsageError(f"{item.nodeid} uses ray_serve but names the worker "
+                                    f"group {named.args[0]!r}, not {RAY_GROUP!r}")
 
 
 GROUPS_DIRECTORY = pytest.StashKey[str]()

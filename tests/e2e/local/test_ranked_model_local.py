@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from dev_shm import dev_shm_entries
 from paths import EXAMPLES
+from rank_counts import RANK_COUNTS
 from rank_logs import rank_logs, ranks_logged
 from rank_processes import (
     model_copy,
@@ -53,9 +54,7 @@ async def until_white(client, timeout=DEADLINE_S):
             return
 
 
-# Two ranks and three run the same code (a group of N); three, with a middle rank, is
-# the default run's case, two the matrix's (docs/testing.md).
-@pytest.mark.parametrize("ranks", [pytest.param(2, marks=pytest.mark.matrix), 3])
+@pytest.mark.parametrize("ranks", RANK_COUNTS)
 async def test_every_rank_runs_the_model_on_the_same_inputs_in_the_same_order(
     reactor_run, tmp_path, ranks
 ):

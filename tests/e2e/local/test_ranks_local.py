@@ -13,6 +13,7 @@ import httpx
 import pytest
 from dev_shm import dev_shm_entries
 from paths import EXAMPLES
+from rank_counts import RANK_COUNTS
 from rank_logs import rank_logs, ranks_logged
 from rank_processes import (
     check_failure_named,
@@ -54,9 +55,7 @@ async def frames_until_hue_changes(client, timeout=DEADLINE_S):
             return first, frame
 
 
-# Two ranks and three run the same code (a group of N); three, with a middle rank, is
-# the default run's case, two the matrix's (docs/testing.md).
-@pytest.mark.parametrize("ranks", [pytest.param(2, marks=pytest.mark.matrix), 3])
+@pytest.mark.parametrize("ranks", RANK_COUNTS)
 async def test_a_multi_rank_model_streams_and_every_rank_sees_the_same_steps(
     reactor_run, tmp_path, ranks
 ):

@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from paths import EXAMPLES
+from rank_counts import RANK_COUNTS
 from rank_logs import rank_logs, ranks_logged
 from rank_processes import model_copy
 from waits import model_frame
@@ -47,9 +48,7 @@ async def painted_frame(client, timeout=MEDIA):
     return await model_frame(client, (96, 128, 3), timeout)
 
 
-# Two ranks and three run the same code (a group of N); three, with a middle rank, is
-# the default run's case, two the matrix's (docs/testing.md).
-@pytest.mark.parametrize("ranks", [pytest.param(2, marks=pytest.mark.matrix), 3])
+@pytest.mark.parametrize("ranks", RANK_COUNTS)
 async def test_each_rank_gets_a_gpu_of_the_replica_and_a_killed_rank_restarts_them_all(
     ray_serve, tmp_path, ranks
 ):
@@ -108,9 +107,7 @@ def camera(colour: int) -> np.ndarray:
     return frame
 
 
-# Two ranks and three run the same code (a group of N); three, with a middle rank, is
-# the default run's case, two the matrix's (docs/testing.md).
-@pytest.mark.parametrize("ranks", [pytest.param(2, marks=pytest.mark.matrix), 3])
+@pytest.mark.parametrize("ranks", RANK_COUNTS)
 async def test_a_model_run_on_every_rank_streams_through_serve_and_restarts_its_ranks_together(
     ray_serve, tmp_path, ranks
 ):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from dev_shm import dev_shm_entries
+from rank_counts import RANK_COUNTS
 from rank_workers import SummingWorker, started_runners
 
 from reactor_serve.runtime.ranks import (
@@ -45,9 +46,7 @@ def rank_log(tmp_path, rank):
     return (tmp_path / f"rank-{rank}.log").read_text().splitlines()
 
 
-# Two ranks and three run the same code (a group of N); three, with a middle rank, is
-# the default run's case, two the matrix's (docs/testing.md).
-@pytest.mark.parametrize("world_size", [pytest.param(2, marks=pytest.mark.matrix), 3])
+@pytest.mark.parametrize("world_size", RANK_COUNTS)
 def test_every_rank_runs_every_call_in_order_and_rank_0_answers(runner_of, tmp_path, world_size):
     before = dev_shm_entries()
     runner = runner_of(world_size)
@@ -94,9 +93,7 @@ def test_one_rank_raising_is_a_desync_that_stops_every_rank(runner_of):
         runner.generate(1.0)
 
 
-# Two ranks and three run the same code (a group of N); three, with a middle rank, is
-# the default run's case, two the matrix's (docs/testing.md).
-@pytest.mark.parametrize("world_size", [pytest.param(2, marks=pytest.mark.matrix), 3])
+@pytest.mark.parametrize("world_size", RANK_COUNTS)
 def test_a_killed_rank_is_named_with_how_it_died_and_every_rank_stops(runner_of, world_size):
     runner = runner_of(world_size)
     pids = runner.pids

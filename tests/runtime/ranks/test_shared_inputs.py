@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from dev_shm import dev_shm_entries
+from rank_counts import RANK_COUNTS
 from rank_workers import ArrayWorker, started_runners
 
 from reactor_serve.runtime.isolation.frame_ring import FrameReader
@@ -73,9 +74,7 @@ def test_placed_arrays_come_back_as_views_of_the_same_values() -> None:
         other.close()
 
 
-# Two ranks and three run the same code (a group of N); three, with a middle rank, is
-# the default run's case, two the matrix's (docs/testing.md).
-@pytest.mark.parametrize("world_size", [pytest.param(2, marks=pytest.mark.matrix), 3])
+@pytest.mark.parametrize("world_size", RANK_COUNTS)
 def test_large_inputs_reach_every_rank_through_shared_memory(runner_of, tmp_path, world_size):
     before = dev_shm_entries()
     runner = runner_of(world_size)
