@@ -83,6 +83,17 @@ class RayServe:
             include_dashboard=False,
             _metrics_export_port=self.metrics_port,
             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+            _system_config={
+                # Metrics reach Ray's endpoint every 2 s instead of every 10: the
+                # metrics and dashboard tests wait for a live session's series and
+                # then for its end's, each up to a report interval late.
+                "metrics_report_interval_ms": 2000,
+                # Idle worker processes beyond two are ended after a second idle:
+                # Ray keeps one per logical CPU by default (sixteen here), each a
+                # process that takes a share of the cores while it waits. A replica
+                # then starts on a new worker, which it mostly did anyway.
+                "num_workers_soft_limit": 2,
+            },
         )
         serve.start(
             http_options={"host": "127.0.0.1", "port": self.http_port},
@@ -91,10 +102,14 @@ class RayServe:
         self.base = f"http://127.0.0.1:{self.http_port}"
 
     def deploy(self, name, args):
+        """Deploy `args` as application `name`; its URL. One ingress replica unless the
+        args name a count: each replica costs a process start of a few CPU seconds, and
+        only the tests of the ingress's own failover need two."""
         from ray import serve
 
         from reactor_serve.serve.app import build_app
 
+        args = {"ingress_replicas": 1, **args}
         serve.run(build_app(args, base_dir=ROOT), name=name,
                   route_prefix=f"/{name}")
         return f"{self.base}/{name}"
@@ -408,6 +423,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
         named = item.get_closest_marker("xdist_group")
         if named is None:
+            # A module, not a test: a group per test (where no module-scoped fixture
+            # is shared) spread the long modules over the workers, but made the inner
+            # loop slower on two cores, not faster.
             group = RAY_GROUP if "ray_serve" in item.fixturenames else item.path.name
             item.add_marker(pytest.mark.xdist_group(group))
         elif "ray_serve" in item.fixturenames and named.args[0] != RAY_GROUP:

@@ -23,6 +23,9 @@ def deployed(ray_serve, postgres):
     url = postgres.new_database()
     app = ray_serve.deploy("access", {
         "auth": "required", "database_url": url, "auth_secret": SECRET,
+        # Two ingress replicas that share the database: what the tests below kill,
+        # restart and compare.
+        "ingress_replicas": 2,
         "models": [{"path": "examples/gradient", "min_replicas": 1, "max_replicas": 1,
                     "warm_spares": 0, "cpus_per_replica": 0.5,
                     "webrtc": {"loopback_candidates": True}}]})

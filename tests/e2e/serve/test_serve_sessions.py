@@ -105,7 +105,7 @@ async def dimmed(client, below):
 
 
 async def test_two_ingress_replicas_a_killed_one_loses_no_session(ray_serve):
-    url = ray_serve.deploy("ha", {"operator_token": "op", "models": [
+    url = ray_serve.deploy("ha", {"operator_token": "op", "ingress_replicas": 2, "models": [
         {"path": GRADIENT, "min_replicas": 3, "max_replicas": 3, "warm_spares": 0,
          "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}}]})
     model = f"{url}/models/gradient"
@@ -170,7 +170,7 @@ async def test_changing_one_models_settings_leaves_the_other_models_sessions_ali
     # Each reconnect attempt's failure is logged at INFO: shown if this test fails.
     caplog.set_level(logging.INFO, logger="reactor_serve.client")
     def args(max_tone_replicas):
-        return {"models": [
+        return {"ingress_replicas": 2, "models": [
             {"path": GRADIENT, "min_replicas": 1, "max_replicas": 1, "warm_spares": 0,
              "cpus_per_replica": 0.5, "webrtc": {"loopback_candidates": True}},
             {"path": "examples/audio_tone", "min_replicas": 1,
