@@ -88,11 +88,9 @@ class RayServe:
                 # metrics and dashboard tests wait for a live session's series and
                 # then for its end's, each up to a report interval late.
                 "metrics_report_interval_ms": 2000,
-                # Idle worker processes beyond two are ended after a second idle:
-                # Ray keeps one per logical CPU by default (sixteen here), each a
-                # process that takes a share of the cores while it waits. A replica
-                # then starts on a new worker, which it mostly did anyway.
-                "num_workers_soft_limit": 2,
+                # Not `num_workers_soft_limit`: fewer idle workers kept saved a little
+                # CPU, but under load a replica then waited minutes for a worker
+                # process to start, where it takes a prestarted one at once.
             },
         )
         serve.start(
