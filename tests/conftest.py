@@ -102,7 +102,8 @@ class RayServe:
     def deploy(self, name, args):
         """Deploy `args` as application `name`; its URL. One ingress replica unless the
         args name a count: each replica costs a process start of a few CPU seconds, and
-        only the tests of the ingress's own failover need two."""
+        only the tests of the ingress's failover, of a redeploy and of a database
+        shared by ingress replicas need two."""
         from ray import serve
 
         from reactor_serve.serve.app import build_app
